@@ -1,0 +1,12 @@
+# Shared settings for the hack/ scripts. Sourced, not run.
+
+QCOW2_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Built tools (kube-apiserver, etcd, generators) outlive a work tree.
+QCOW2_CACHE=${QCOW2_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/kubevirt-qcow2}
+KUBEVIRT_VERSION=${KUBEVIRT_VERSION:-v1.7.0}
+KUBEVIRT_TREE=${KUBEVIRT_TREE:-${QCOW2_ROOT}/_build/kubevirt-${KUBEVIRT_VERSION}}
+KUBEVIRT_PATCHES=${KUBEVIRT_PATCHES:-${QCOW2_ROOT}/patches/kubevirt-${KUBEVIRT_VERSION}}
+KUBEVIRT_OUT=${KUBEVIRT_OUT:-${QCOW2_ROOT}/_out/kubevirt-${KUBEVIRT_VERSION}}
+
+log() { printf '%s: %s\n' "$(basename "$0")" "$*" >&2; }
+die() { log "error: $*"; exit 1; }

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# The patched-KubeVirt cycle:
+#   assemble  pristine tree from the Go module proxy, git baseline tagged
+#   apply     reset the tree to the baseline and `git am` the series
+#   export    write the tree's commits back into patches/ (byte-stable)
+#   build     build the KubeVirt binaries from the tree into _out/
+#   test      KubeVirt's unit tests of every package the series touches,
+#             patched against pristine
+# Each step is idempotent. Paths come from common.sh and may be overridden
+# through the environment (KUBEVIRT_TREE, KUBEVIRT_PATCHES, KUBEVIRT_OUT).
+set -euo pipefail
+
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+readonly BASE_TAG=pristine
+readonly BINARIES=(virt-api virt-controller virt-handler virt-launcher virtctl)
+# Fixed identity and dates keep the baseline commit id the same everywhere.
+readonly GIT_IDENTITY=(-c user.name="kubevirt-qcow2" -c user.email="kubevirt-qcow2@users.noreply.github.com")
+
+tree_git() { git -C "${KUBEVIRT_TREE}" "${GIT_IDENTITY[@]}" "$@"; }
+
+module_dir() {
+	local dir
+	dir=$(go mod download -json "$1@${KUBEVIRT_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+	[[ -d ${dir} ]] || die "cannot download $1@${KUBEVIRT_VERSION} from the module proxy"
+	echo "${dir}"
+}
+
+assemble() {
+	if git -C "${KUBEVIRT_TREE}" rev-parse -q --verify "refs/tags/${BASE_TAG}" >/dev/null 2>&1; then
+		return 0
+	fi
+	log "assembling pristine KubeVirt ${KUBEVIRT_VERSION} in ${KUBEVIRT_TREE}"
+	local tmp="${KUBEVIRT_TREE}.tmp"
+	rm -rf "${tmp}"
+	mkdir -p "${tmp}/staging/src/kubevirt.io"
+	cp -r "$(module_dir kubevirt.io/kubevirt)/." "${tmp}/"
+	# Nested modules are not part of the module zip; KubeVirt's go.mod and
+	# go.work replace them with ./staging.
+	cp -r "$(module_dir kubevirt.io/api)" "${tmp}/staging/src/kubevirt.io/api"
+	cp -r "$(module_dir kubevirt.io/client-go)" "${tmp}/staging/src/kubevirt.io/client-go"
+	chmod -R u+w "${tmp}"
+	git -C "${tmp}" init -q -b main
+	git -C "${tmp}" add -A -f .
+	GIT_AUTHOR_DATE="2000-01-01T00:00:00Z" GIT_COMMITTER_DATE="2000-01-01T00:00:00Z" \
+		git -C "${tmp}" "${GIT_IDENTITY[@]}" commit -q -m "KubeVirt ${KUBEVIRT_VERSION} from the Go module proxy"
+	git -C "${tmp}" tag "${BASE_TAG}"
+	rm -rf "${KUBEVIRT_TREE}" "${KUBEVIRT_TREE}-pristine"
+	mv "${tmp}" "${KUBEVIRT_TREE}"
+}
+
+series() {
+	local file="${KUBEVIRT_PATCHES}/series"
+	[[ -f ${file} ]] || return 0
+	grep -v -e '^\s*#' -e '^\s*$' "${file}"
+}
+
+apply() {
+	assemble
+	log "applying ${KUBEVIRT_PATCHES}/series onto ${BASE_TAG}"
+	tree_git am --abort >/dev/null 2>&1 || true
+	tree_git checkout -q -f main
+	tree_git reset -q --hard "${BASE_TAG}"
+	tree_git clean -q -fdx
+	local patch count=0
+	while read -r patch; do
+		if ! tree_git am -q --keep-cr "${KUBEVIRT_PATCHES}/${patch}" 2>"${KUBEVIRT_TREE}/.git/am-error"; then
+			log "patch ${patch} does not apply; the tree is left mid-am for inspection:"
+			cat "${KUBEVIRT_TREE}/.git/am-error" >&2
+			log "failing hunks: git -C ${KUBEVIRT_TREE} am --show-current-patch=diff"
+			exit 1
+		fi
+		count=$((count + 1))
+	done < <(series)
+	log "applied ${count} patches"
+}
+
+# Stable output: no commit ids, no numbering that shifts when a patch is
+# added, no git version signature, full blob ids.
+export_patches() {
+	[[ -d ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run assemble"
+	mkdir -p "${KUBEVIRT_PATCHES}"
+	local tmp
+	tmp=$(mktemp -d)
+	tree_git format-patch -q --zero-commit --no-signature --full-index --no-numbered \
+		--no-renames -o "${tmp}" "${BASE_TAG}..HEAD" >/dev/null
+	find "${KUBEVIRT_PATCHES}" -maxdepth 1 -name '*.patch' -delete
+	local patch names=()
+	for patch in "${tmp}"/*.patch; do
+		[[ -e ${patch} ]] || continue
+		mv "${patch}" "${KUBEVIRT_PATCHES}/"
+		names+=("$(basename "${patch}")")
+	done
+	rm -rf "${tmp}"
+	{
+		echo "# Patches against KubeVirt ${KUBEVIRT_VERSION}, applied in this order by hack/kubevirt.sh apply."
+		if [[ ${#names[@]} -gt 0 ]]; then printf '%s\n' "${names[@]}"; fi
+	} >"${KUBEVIRT_PATCHES}/series"
+	log "exported ${#names[@]} patches to ${KUBEVIRT_PATCHES}"
+}
+
+build() {
+	[[ -d ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run apply"
+	local bin=("$@")
+	[[ ${#bin[@]} -gt 0 ]] || bin=("${BINARIES[@]}")
+	mkdir -p "${KUBEVIRT_OUT}/bin"
+	local name
+	for name in "${bin[@]}"; do
+		log "building ${name}"
+		(cd "${KUBEVIRT_TREE}" && go build -o "${KUBEVIRT_OUT}/bin/${name}" "./cmd/${name}")
+	done
+}
+
+# Go packages (as directories relative to the tree) that the series changes
+# and that still exist in the patched tree.
+touched_packages() {
+	tree_git diff --name-only "${BASE_TAG}..HEAD" -- '*.go' |
+		xargs -r -n1 dirname | sort -u |
+		while read -r dir; do
+			compgen -G "${KUBEVIRT_TREE}/${dir}/*.go" >/dev/null && echo "${dir}"
+		done
+}
+
+# Runs the unit tests of dirs (relative to a tree; staging dirs resolve to
+# their own module through go.work) and leaves one `go test -json` stream per
+# package in $2, plus a Ginkgo JSON report where the package is a Ginkgo suite.
+run_unit_tests() {
+	local tree=$1 out=$2 dir name args
+	shift 2
+	rm -rf "${out}"
+	mkdir -p "${out}"
+	for dir in "$@"; do
+		[[ -d ${tree}/${dir} ]] || continue
+		name=${dir//\//_}
+		args=()
+		if grep -qs 'github.com/onsi/ginkgo/v2' "${tree}/${dir}"/*_test.go; then
+			args=(-args "-ginkgo.json-report=${out}/${name}.ginkgo.json")
+		fi
+		(cd "${tree}/${dir}" && go test -json -count=1 . "${args[@]}" >"${out}/${name}.json" 2>&1) || true
+	done
+}
+
+test_upstream() {
+	[[ -d ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run apply"
+	local dirs
+	mapfile -t dirs < <(touched_packages)
+	if [[ ${#dirs[@]} -eq 0 ]]; then
+		log "the series touches no Go package: nothing to compare"
+		return 0
+	fi
+	local pristine="${KUBEVIRT_TREE}-pristine"
+	if [[ ! -d ${pristine} ]]; then
+		tree_git worktree prune
+		tree_git worktree add -q --detach "${pristine}" "${BASE_TAG}"
+	fi
+	local reports="${KUBEVIRT_OUT}/upstream-tests"
+	mkdir -p "${reports}"
+	log "KubeVirt unit tests of ${#dirs[@]} touched packages: ${dirs[*]}"
+	run_unit_tests "${pristine}" "${reports}/pristine" "${dirs[@]}"
+	run_unit_tests "${KUBEVIRT_TREE}" "${reports}/patched" "${dirs[@]}"
+	(cd "${QCOW2_ROOT}" && go run ./hack/testdiff "${reports}/pristine" "${reports}/patched")
+}
+
+usage() {
+	echo "usage: $0 assemble|apply|export|build [binary...]|test" >&2
+	exit 2
+}
+
+main() {
+	[[ $# -ge 1 ]] || usage
+	local cmd=$1
+	shift
+	case "${cmd}" in
+	assemble) assemble ;;
+	apply) apply ;;
+	export) export_patches ;;
+	build) build "$@" ;;
+	test) test_upstream ;;
+	*) usage ;;
+	esac
+}
+
+main "$@"
