@@ -107,7 +107,7 @@ build() {
 	local name
 	for name in "${bin[@]}"; do
 		log "building ${name}"
-		(cd "${KUBEVIRT_TREE}" && go build -o "${KUBEVIRT_OUT}/bin/${name}" "./cmd/${name}")
+		(cd "${KUBEVIRT_TREE}" && go build -trimpath -o "${KUBEVIRT_OUT}/bin/${name}" "./cmd/${name}")
 	done
 }
 

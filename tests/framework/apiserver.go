@@ -1,0 +1,65 @@
+package framework
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// APIServer is a real kube-apiserver backed by a real etcd, started for one
+// suite through controller-runtime's envtest.
+type APIServer struct {
+	Env    *envtest.Environment
+	Config *rest.Config
+}
+
+// StartAPIServer starts kube-apiserver and etcd with the CRDs found in
+// crdPaths (files or directories of YAML) installed. Stop it with Stop,
+// typically in DeferCleanup.
+func StartAPIServer(crdPaths ...string) (*APIServer, error) {
+	assets, err := envtestAssets()
+	if err != nil {
+		return nil, err
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     crdPaths,
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start kube-apiserver and etcd from %s: %w", assets, err)
+	}
+	return &APIServer{Env: env, Config: cfg}, nil
+}
+
+// Stop stops the API server and etcd.
+func (s *APIServer) Stop() error {
+	if err := s.Env.Stop(); err != nil {
+		return fmt.Errorf("stop kube-apiserver and etcd: %w", err)
+	}
+	return nil
+}
+
+// envtestAssets is the directory holding kube-apiserver and etcd:
+// KUBEBUILDER_ASSETS when set (make sets it), else what
+// hack/envtest-assets.sh provides, building it on first use.
+func envtestAssets() (string, error) {
+	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+		return dir, nil
+	}
+	cmd := exec.Command(filepath.Join(RepoRoot(), "hack", "envtest-assets.sh"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("hack/envtest-assets.sh: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
