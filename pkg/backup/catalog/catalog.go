@@ -1,0 +1,281 @@
+package catalog
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
+)
+
+// ErrUnchanged, returned by an update function, ends the update without a
+// write.
+var ErrUnchanged = errors.New("document unchanged")
+
+// ErrTooNew is returned for a document written by a newer schema.
+var ErrTooNew = errors.New("document written by a newer schema version")
+
+// maxDocumentSize bounds what is read as a document.
+const maxDocumentSize = 64 << 20
+
+// Catalog reads and writes the documents in a store. Every write of a
+// document that already exists is conditional on the ETag it was read
+// with, every creation on the key being free (If-None-Match: *): a writer
+// that loses re-reads, reapplies its change and tries again, so concurrent
+// writers never lose each other's changes.
+type Catalog struct {
+	Store objectstore.Store
+	// Now stamps documents; nil means time.Now.
+	Now func() time.Time
+	// MaxAttempts bounds the retries of one update; zero means 32.
+	MaxAttempts int
+}
+
+// New returns a Catalog on store.
+func New(store objectstore.Store) *Catalog { return &Catalog{Store: store} }
+
+func (c *Catalog) now() time.Time {
+	if c.Now != nil {
+		return c.Now().UTC()
+	}
+	return time.Now().UTC()
+}
+
+type versioned interface {
+	version() int
+	setVersion(int)
+}
+
+func (x *VMIndex) version() int              { return x.SchemaVersion }
+func (x *VMIndex) setVersion(v int)          { x.SchemaVersion = v }
+func (m *BackupManifest) version() int       { return m.SchemaVersion }
+func (m *BackupManifest) setVersion(v int)   { m.SchemaVersion = v }
+func (m *VMBackupManifest) version() int     { return m.SchemaVersion }
+func (m *VMBackupManifest) setVersion(v int) { m.SchemaVersion = v }
+
+// read decodes the document at key into doc and returns its ETag; found is
+// false when there is none.
+func (c *Catalog) read(ctx context.Context, key string, doc versioned) (etag string, found bool, err error) {
+	rc, info, err := c.Store.Get(ctx, key, 0)
+	if errors.Is(err, objectstore.ErrNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("read %s: %w", key, err)
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, maxDocumentSize+1))
+	if err != nil {
+		return "", false, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(data) > maxDocumentSize {
+		return "", false, fmt.Errorf("read %s: larger than %d bytes", key, maxDocumentSize)
+	}
+	if err := json.Unmarshal(data, doc); err != nil {
+		return "", false, fmt.Errorf("decode %s: %w", key, err)
+	}
+	if doc.version() > SchemaVersion {
+		return "", false, fmt.Errorf("%s has schema version %d, this release reads up to %d: %w", key, doc.version(), SchemaVersion, ErrTooNew)
+	}
+	return info.ETag, true, nil
+}
+
+// update applies fn to the document at key (a fresh zero document when
+// there is none) and writes the result conditionally, retrying on
+// conflicts. newDoc returns a zero document.
+func update[T any, P interface {
+	*T
+	versioned
+}](ctx context.Context, c *Catalog, key string, fn func(doc P, found bool) error) (P, error) {
+	attempts := c.MaxAttempts
+	if attempts <= 0 {
+		attempts = 32
+	}
+	for attempt := 1; ; attempt++ {
+		doc := P(new(T))
+		etag, found, err := c.read(ctx, key, doc)
+		if err != nil {
+			return nil, err
+		}
+		if err := fn(doc, found); err != nil {
+			if errors.Is(err, ErrUnchanged) {
+				return doc, nil
+			}
+			return nil, err
+		}
+		doc.setVersion(SchemaVersion)
+		data, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			return nil, fmt.Errorf("encode %s: %w", key, err)
+		}
+		cond := objectstore.Condition{IfMatch: etag}
+		if !found {
+			cond = objectstore.Condition{IfNoneMatch: true}
+		}
+		_, err = c.Store.Put(ctx, key, bytes.NewReader(data), int64(len(data)),
+			objectstore.PutOptions{Condition: cond, ContentType: "application/json"})
+		if err == nil {
+			return doc, nil
+		}
+		// A lost race shows as 412, or as 404 when the object we matched
+		// against was deleted meanwhile.
+		if !errors.Is(err, objectstore.ErrPreconditionFailed) && !errors.Is(err, objectstore.ErrNotFound) {
+			return nil, fmt.Errorf("write %s: %w", key, err)
+		}
+		if attempt >= attempts {
+			return nil, fmt.Errorf("write %s: still conflicting after %d attempts: %w", key, attempt, err)
+		}
+		if err := backoff(ctx, attempt); err != nil {
+			return nil, fmt.Errorf("write %s: %w", key, err)
+		}
+	}
+}
+
+// backoff waits a jittered, growing delay before retry attempt+1.
+func backoff(ctx context.Context, attempt int) error {
+	limit := 5 * time.Millisecond << min(attempt, 7)
+	d := time.Duration(rand.Int64N(int64(limit))) + time.Millisecond
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// VMIndex reads a VM's index; a VM with no index gets an empty one.
+func (c *Catalog) VMIndex(ctx context.Context, vm VM) (*VMIndex, error) {
+	idx := &VMIndex{}
+	_, found, err := c.read(ctx, Key(VMIndexPath(vm)), idx)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return &VMIndex{SchemaVersion: SchemaVersion, VMName: vm.Name, Namespace: vm.Namespace}, nil
+	}
+	return idx, nil
+}
+
+// UpdateVMIndex applies fn to a VM's index under optimistic concurrency.
+// fn may run several times; it must derive its change from the index it is
+// given.
+func (c *Catalog) UpdateVMIndex(ctx context.Context, vm VM, fn func(*VMIndex) error) (*VMIndex, error) {
+	return update(ctx, c, Key(VMIndexPath(vm)), func(idx *VMIndex, found bool) error {
+		if !found {
+			idx.VMName, idx.Namespace = vm.Name, vm.Namespace
+		}
+		if err := fn(idx); err != nil {
+			return err
+		}
+		idx.LastUpdated = c.now()
+		return nil
+	})
+}
+
+// BackupManifest reads manifests/<backup>/index.json; found is false when
+// there is none.
+func (c *Catalog) BackupManifest(ctx context.Context, backup string) (*BackupManifest, bool, error) {
+	m := &BackupManifest{}
+	_, found, err := c.read(ctx, Key(BackupIndexPath(backup)), m)
+	return m, found, err
+}
+
+// AddVMToBackup records vm (at checkpoint, with its manifest at
+// manifestPath) in the backup's index, replacing an earlier record of the
+// same VM.
+func (c *Catalog) AddVMToBackup(ctx context.Context, backup string, entry BackupVM) (*BackupManifest, error) {
+	return update(ctx, c, Key(BackupIndexPath(backup)), func(m *BackupManifest, found bool) error {
+		if !found {
+			m.BackupName = backup
+			m.Timestamp = c.now()
+		}
+		for i, v := range m.VMs {
+			if v.Namespace == entry.Namespace && v.Name == entry.Name {
+				if v == entry {
+					return ErrUnchanged
+				}
+				m.VMs[i] = entry
+				return nil
+			}
+		}
+		m.VMs = append(m.VMs, entry)
+		return nil
+	})
+}
+
+// VMManifest reads a VM's manifest of a backup at rel (relative to Root).
+func (c *Catalog) VMManifest(ctx context.Context, rel string) (*VMBackupManifest, error) {
+	m := &VMBackupManifest{}
+	_, found, err := c.read(ctx, Key(rel), m)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("manifest %s: %w", rel, objectstore.ErrNotFound)
+	}
+	return m, nil
+}
+
+// PutVMManifest writes a VM's manifest of a backup and returns its path
+// relative to Root. A manifest of the same VM is replaced (a retried
+// upload); one of another VM whose name collides is left alone and this
+// one takes a disambiguated name.
+func (c *Catalog) PutVMManifest(ctx context.Context, m VMBackupManifest) (string, error) {
+	vm := VM{Namespace: m.Namespace, Name: m.Name}
+	for _, rel := range []string{VMManifestPath(m.BackupName, vm), DisambiguatedVMManifestPath(m.BackupName, vm)} {
+		collided := false
+		_, err := update(ctx, c, Key(rel), func(doc *VMBackupManifest, found bool) error {
+			if found && (doc.Namespace != m.Namespace || doc.Name != m.Name) {
+				collided = true
+				return ErrUnchanged
+			}
+			*doc = m
+			return nil
+		})
+		if err != nil {
+			return "", err
+		}
+		if !collided {
+			return rel, nil
+		}
+	}
+	return "", fmt.Errorf("manifest of %s in backup %s: both names taken by other VMs", vm, m.BackupName)
+}
+
+// VMs lists the VMs that have an index.
+func (c *Catalog) VMs(ctx context.Context) ([]VM, error) {
+	objs, err := c.Store.List(ctx, Key("checkpoints")+"/")
+	if err != nil {
+		return nil, fmt.Errorf("list VM indexes: %w", err)
+	}
+	var out []VM
+	for _, o := range objs {
+		if vm, ok := ParseVMIndexPath(strings.TrimPrefix(o.Key, Root+"/")); ok {
+			out = append(out, vm)
+		}
+	}
+	return out, nil
+}
+
+// Backups lists the backups that have an index.
+func (c *Catalog) Backups(ctx context.Context) ([]string, error) {
+	objs, err := c.Store.List(ctx, Key("manifests")+"/")
+	if err != nil {
+		return nil, fmt.Errorf("list backups: %w", err)
+	}
+	var out []string
+	for _, o := range objs {
+		if b, ok := ParseBackupIndexPath(strings.TrimPrefix(o.Key, Root+"/")); ok {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}

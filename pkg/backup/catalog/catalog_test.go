@@ -1,0 +1,164 @@
+package catalog_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore/objectstoretest"
+)
+
+func file(disk string) []catalog.FileEntry {
+	return []catalog.FileEntry{{DiskName: disk, ObjectPath: "x/" + disk, Size: 1}}
+}
+
+func cp(id string, t catalog.CheckpointType, parent string) catalog.CheckpointEntry {
+	return catalog.CheckpointEntry{ID: id, Type: t, Parent: parent, Files: file("vda"), State: catalog.Complete}
+}
+
+var vm = catalog.VM{Namespace: "ns", Name: "vm1"}
+
+var _ = Describe("layout", func() {
+	It("puts documents and files where the published design does", func() {
+		Expect(catalog.Key(catalog.VMIndexPath(vm))).To(Equal("kubevirt-datamover/checkpoints/ns/vm1/index.json"))
+		Expect(catalog.Key(catalog.DiskPath(vm, "cp1", "b1", "vda"))).To(Equal("kubevirt-datamover/checkpoints/ns/vm1/cp1/b1-vda.qcow2"))
+		Expect(catalog.Key(catalog.BackupIndexPath("b1"))).To(Equal("kubevirt-datamover/manifests/b1/index.json"))
+		Expect(catalog.Key(catalog.VMManifestPath("b1", vm))).To(Equal("kubevirt-datamover/manifests/b1/ns-vm1.json"))
+		parsed, ok := catalog.ParseVMIndexPath("checkpoints/ns/vm1/index.json")
+		Expect(ok).To(BeTrue())
+		Expect(parsed).To(Equal(vm))
+	})
+})
+
+var _ = Describe("chain", func() {
+	DescribeTable("walks parents to the full base and refuses inconsistent chains",
+		func(entries []catalog.CheckpointEntry, tip string, want []string, reason string) {
+			idx := &catalog.VMIndex{VMName: "vm1", Namespace: "ns", Checkpoints: entries}
+			chain, err := idx.Chain(tip)
+			if reason != "" {
+				Expect(err).To(MatchError(ContainSubstring(reason)))
+				return
+			}
+			Expect(err).NotTo(HaveOccurred())
+			Expect(catalog.IDs(chain)).To(Equal(want))
+		},
+		Entry("full alone", []catalog.CheckpointEntry{cp("a", catalog.Full, "")}, "a", []string{"a"}, ""),
+		Entry("two incrementals", []catalog.CheckpointEntry{
+			cp("c", catalog.Incremental, "b"), cp("a", catalog.Full, ""), cp("b", catalog.Incremental, "a"),
+		}, "c", []string{"a", "b", "c"}, ""),
+		Entry("a missing parent", []catalog.CheckpointEntry{cp("b", catalog.Incremental, "a")}, "b", nil, "parent a is not in the index"),
+		Entry("an unknown tip", []catalog.CheckpointEntry{cp("a", catalog.Full, "")}, "z", nil, "not in the index"),
+		Entry("a pending parent", []catalog.CheckpointEntry{
+			{ID: "a", Type: catalog.Full, Files: file("vda"), State: catalog.Pending}, cp("b", catalog.Incremental, "a"),
+		}, "b", nil, "a is pending"),
+		Entry("a full with a parent", []catalog.CheckpointEntry{cp("a", catalog.Full, "z"), cp("z", catalog.Full, "")}, "a", nil, "names parent z"),
+		Entry("an incremental without one", []catalog.CheckpointEntry{cp("a", catalog.Incremental, "")}, "a", nil, "has no parent"),
+		Entry("a loop", []catalog.CheckpointEntry{cp("a", catalog.Incremental, "b"), cp("b", catalog.Incremental, "a")}, "a", nil, "loop"),
+		Entry("a layer lacking a disk", []catalog.CheckpointEntry{
+			{ID: "a", Type: catalog.Full, Files: append(file("vda"), file("vdb")...)}, cp("b", catalog.Incremental, "a"),
+		}, "b", nil, "b lacks disk vdb"),
+		Entry("a layer adding a disk", []catalog.CheckpointEntry{
+			cp("a", catalog.Full, ""), {ID: "b", Type: catalog.Incremental, Parent: "a", Files: append(file("vda"), file("vdb")...)},
+		}, "b", nil, "disk vdb of b is not in base a"),
+		Entry("a checkpoint of the published design (no state)", []catalog.CheckpointEntry{
+			{ID: "a", Type: catalog.Full, Files: file("vda")},
+		}, "a", []string{"a"}, ""),
+	)
+
+	It("orders complete checkpoints by sequence, skipping pending ones", func() {
+		idx := &catalog.VMIndex{Checkpoints: []catalog.CheckpointEntry{
+			{ID: "a", Sequence: 1}, {ID: "c", State: catalog.Pending}, {ID: "b", Sequence: 2, State: catalog.Complete},
+		}}
+		latest := idx.Latest()
+		Expect(latest).To(HaveLen(2))
+		Expect(latest[0].ID).To(Equal("b"))
+		Expect(idx.NextSequence()).To(BeEquivalentTo(3))
+	})
+})
+
+var _ = Describe("conditional updates", func() {
+	var (
+		ctx   context.Context
+		store *objectstoretest.Memory
+		cat   *catalog.Catalog
+	)
+	BeforeEach(func() {
+		ctx = context.Background()
+		store = objectstoretest.NewMemory()
+		cat = catalog.New(store)
+	})
+
+	It("keeps every writer's change when many update one index at once", func() {
+		const writers = 24
+		var wg sync.WaitGroup
+		errs := make(chan error, writers)
+		for i := 0; i < writers; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				defer GinkgoRecover()
+				_, err := cat.UpdateVMIndex(ctx, vm, func(idx *catalog.VMIndex) error {
+					idx.Checkpoints = append(idx.Checkpoints, cp(fmt.Sprintf("cp%02d", i), catalog.Full, ""))
+					return nil
+				})
+				errs <- err
+			}(i)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			Expect(err).NotTo(HaveOccurred())
+		}
+		idx, err := cat.VMIndex(ctx, vm)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(idx.Checkpoints).To(HaveLen(writers))
+		Expect(idx.SchemaVersion).To(Equal(catalog.SchemaVersion))
+	})
+
+	It("adds every VM of a backup finishing together to its index", func() {
+		var wg sync.WaitGroup
+		for i := 0; i < 10; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				defer GinkgoRecover()
+				_, err := cat.AddVMToBackup(ctx, "b1", catalog.BackupVM{Namespace: "ns", Name: fmt.Sprintf("vm%d", i), CheckpointID: "c"})
+				Expect(err).NotTo(HaveOccurred())
+			}(i)
+		}
+		wg.Wait()
+		m, found, err := cat.BackupManifest(ctx, "b1")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(found).To(BeTrue())
+		Expect(m.VMs).To(HaveLen(10))
+	})
+
+	It("refuses a document of a newer schema instead of misreading it", func() {
+		doc, _ := json.Marshal(map[string]any{"schemaVersion": catalog.SchemaVersion + 1, "vmName": "vm1"})
+		_, err := store.Put(ctx, catalog.Key(catalog.VMIndexPath(vm)), strings.NewReader(string(doc)), int64(len(doc)), objectstore.PutOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = cat.VMIndex(ctx, vm)
+		Expect(err).To(MatchError(catalog.ErrTooNew))
+	})
+
+	It("gives colliding VM names of one backup separate manifests", func() {
+		a := catalog.VMBackupManifest{Namespace: "a-b", Name: "c", BackupName: "b1", CheckpointChain: []string{"x"}}
+		b := catalog.VMBackupManifest{Namespace: "a", Name: "b-c", BackupName: "b1", CheckpointChain: []string{"y"}}
+		pa, err := cat.PutVMManifest(ctx, a)
+		Expect(err).NotTo(HaveOccurred())
+		pb, err := cat.PutVMManifest(ctx, b)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pa).To(Equal("manifests/b1/a-b-c.json"))
+		Expect(pb).NotTo(Equal(pa))
+		got, err := cat.VMManifest(ctx, pb)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got.CheckpointChain).To(Equal([]string{"y"}))
+	})
+})

@@ -1,0 +1,252 @@
+package objectstore
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// Defaults for multipart transfers: four 16 MiB parts in flight keep an
+// upload's buffers at 64 MiB whatever the object's size.
+const (
+	DefaultPartSize        = 16 << 20
+	DefaultPartConcurrency = 4
+	defaultRegion          = "us-east-1"
+)
+
+// S3 is a Store on an S3-compatible bucket.
+type S3 struct {
+	client      *minio.Client
+	bucket      string
+	prefix      string
+	partSize    int64
+	concurrency int
+}
+
+// NewS3 connects to the bucket cfg names. It does not contact the server;
+// Check does.
+func NewS3(cfg Config) (*S3, error) {
+	if cfg.Bucket == "" {
+		return nil, fmt.Errorf("s3: bucket is empty")
+	}
+	endpoint, secure, err := parseEndpoint(cfg.S3URL, cfg.Region)
+	if err != nil {
+		return nil, err
+	}
+	var creds *credentials.Credentials
+	if cfg.CredentialsFile != "" {
+		c, err := ReadCredentials(cfg.CredentialsFile, cfg.Profile)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewStaticV4(c.AccessKeyID, c.SecretAccessKey, c.SessionToken)
+	} else {
+		creds = credentials.NewChainCredentials([]credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{Profile: cfg.Profile}})
+	}
+	region := cfg.Region
+	if region == "" {
+		region = defaultRegion
+	}
+	lookup := minio.BucketLookupAuto
+	if cfg.S3ForcePathStyle {
+		lookup = minio.BucketLookupPath
+	}
+	transport, err := minio.DefaultTransport(secure)
+	if err != nil {
+		return nil, fmt.Errorf("s3: transport: %w", err)
+	}
+	if cfg.InsecureSkipTLSVerify {
+		transport.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the BSL asked for it
+	}
+	client, err := minio.New(endpoint, &minio.Options{
+		Creds:        creds,
+		Secure:       secure,
+		Region:       region,
+		BucketLookup: lookup,
+		Transport:    transport,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("s3: client for %s: %w", endpoint, err)
+	}
+	s := &S3{client: client, bucket: cfg.Bucket, prefix: strings.Trim(cfg.Prefix, "/"),
+		partSize: cfg.PartSize, concurrency: cfg.PartConcurrency}
+	if s.partSize <= 0 {
+		s.partSize = DefaultPartSize
+	}
+	if s.concurrency <= 0 {
+		s.concurrency = DefaultPartConcurrency
+	}
+	return s, nil
+}
+
+func parseEndpoint(s3URL, region string) (host string, secure bool, err error) {
+	if s3URL == "" {
+		if region == "" {
+			region = defaultRegion
+		}
+		return "s3." + region + ".amazonaws.com", true, nil
+	}
+	u, err := url.Parse(s3URL)
+	if err != nil {
+		return "", false, fmt.Errorf("s3Url %q: want scheme://host[:port]: %w", s3URL, err)
+	}
+	switch u.Scheme {
+	case "http":
+	case "https":
+		secure = true
+	default:
+		return "", false, fmt.Errorf("s3Url %q: scheme must be http or https", s3URL)
+	}
+	if u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return "", false, fmt.Errorf("s3Url %q: want scheme://host[:port] without a path", s3URL)
+	}
+	return u.Host, secure, nil
+}
+
+// Check verifies the bucket is reachable, as Velero does before it marks a
+// location Available.
+func (s *S3) Check(ctx context.Context) error {
+	ok, err := s.client.BucketExists(ctx, s.bucket)
+	if err != nil {
+		return fmt.Errorf("s3: bucket %s: %w", s.bucket, err)
+	}
+	if !ok {
+		return fmt.Errorf("s3: bucket %s does not exist", s.bucket)
+	}
+	return nil
+}
+
+// CreateBucket makes the bucket if it is missing (for tests and first use).
+func (s *S3) CreateBucket(ctx context.Context) error {
+	ok, err := s.client.BucketExists(ctx, s.bucket)
+	if err == nil && ok {
+		return nil
+	}
+	if err := s.client.MakeBucket(ctx, s.bucket, minio.MakeBucketOptions{}); err != nil {
+		return fmt.Errorf("s3: create bucket %s: %w", s.bucket, err)
+	}
+	return nil
+}
+
+func (s *S3) key(k string) string {
+	if s.prefix == "" {
+		return k
+	}
+	return path.Join(s.prefix, k)
+}
+
+func (s *S3) unkey(k string) string {
+	if s.prefix == "" {
+		return k
+	}
+	return strings.TrimPrefix(k, s.prefix+"/")
+}
+
+// Get implements Store.
+func (s *S3) Get(ctx context.Context, key string, offset int64) (io.ReadCloser, ObjectInfo, error) {
+	var opts minio.GetObjectOptions
+	if offset > 0 {
+		if err := opts.SetRange(offset, 0); err != nil {
+			return nil, ObjectInfo{}, fmt.Errorf("s3: get %s: %w", key, err)
+		}
+	}
+	obj, err := s.client.GetObject(ctx, s.bucket, s.key(key), opts)
+	if err != nil {
+		return nil, ObjectInfo{}, s.wrap("get", key, err)
+	}
+	// GetObject is lazy: Stat sends the request and surfaces a missing key.
+	st, err := obj.Stat()
+	if err != nil {
+		obj.Close()
+		return nil, ObjectInfo{}, s.wrap("get", key, err)
+	}
+	return obj, s.info(st), nil
+}
+
+// Stat implements Store.
+func (s *S3) Stat(ctx context.Context, key string) (ObjectInfo, error) {
+	st, err := s.client.StatObject(ctx, s.bucket, s.key(key), minio.StatObjectOptions{})
+	if err != nil {
+		return ObjectInfo{}, s.wrap("stat", key, err)
+	}
+	return s.info(st), nil
+}
+
+// Put implements Store. Objects larger than a part are sent as a multipart
+// upload with PartConcurrency buffers of PartSize.
+func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64, opts PutOptions) (ObjectInfo, error) {
+	po := minio.PutObjectOptions{
+		ContentType:           opts.ContentType,
+		PartSize:              uint64(s.partSize),
+		NumThreads:            uint(s.concurrency),
+		ConcurrentStreamParts: s.concurrency > 1,
+	}
+	if po.ContentType == "" {
+		po.ContentType = "application/octet-stream"
+	}
+	if opts.Condition.IfMatch != "" {
+		po.SetMatchETag(opts.Condition.IfMatch)
+	}
+	if opts.Condition.IfNoneMatch {
+		po.SetMatchETagExcept("*")
+	}
+	up, err := s.client.PutObject(ctx, s.bucket, s.key(key), r, size, po)
+	if err != nil {
+		return ObjectInfo{}, s.wrap("put", key, err)
+	}
+	return ObjectInfo{Key: key, Size: up.Size, ETag: strings.Trim(up.ETag, `"`), LastModified: up.LastModified}, nil
+}
+
+// Delete implements Store.
+func (s *S3) Delete(ctx context.Context, key string) error {
+	err := s.client.RemoveObject(ctx, s.bucket, s.key(key), minio.RemoveObjectOptions{})
+	if err != nil {
+		if err := s.wrap("delete", key, err); !errors.Is(err, ErrNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+// List implements Store.
+func (s *S3) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	full := s.key(prefix)
+	if strings.HasSuffix(prefix, "/") && !strings.HasSuffix(full, "/") {
+		full += "/"
+	}
+	var out []ObjectInfo
+	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: full, Recursive: true}) {
+		if obj.Err != nil {
+			return nil, s.wrap("list", prefix, obj.Err)
+		}
+		out = append(out, s.info(obj))
+	}
+	return out, nil
+}
+
+func (s *S3) info(o minio.ObjectInfo) ObjectInfo {
+	return ObjectInfo{Key: s.unkey(o.Key), Size: o.Size, ETag: strings.Trim(o.ETag, `"`), LastModified: o.LastModified}
+}
+
+// wrap maps S3 error responses onto the package's sentinel errors.
+func (s *S3) wrap(op, key string, err error) error {
+	resp := minio.ToErrorResponse(err)
+	switch {
+	case resp.Code == minio.NoSuchBucket:
+		return fmt.Errorf("s3: %s %s: bucket %s does not exist: %w", op, key, s.bucket, err)
+	case resp.StatusCode == http.StatusNotFound || resp.Code == minio.NoSuchKey:
+		return fmt.Errorf("s3: %s %s: %w", op, key, ErrNotFound)
+	case resp.StatusCode == http.StatusPreconditionFailed || resp.StatusCode == http.StatusConflict && resp.Code == "ConditionalRequestConflict":
+		return fmt.Errorf("s3: %s %s: %w", op, key, ErrPreconditionFailed)
+	}
+	return fmt.Errorf("s3: %s %s: %w", op, key, err)
+}

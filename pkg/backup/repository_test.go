@@ -1,0 +1,327 @@
+package backup_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore/objectstoretest"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
+)
+
+const mib = 1 << 20
+
+var vm = catalog.VM{Namespace: "default", Name: "vm1"}
+
+type fixture struct {
+	ctx   context.Context
+	dir   string
+	store *objectstoretest.Memory
+	repo  *backup.Repository
+	hv    *backuptest.Hypervisor
+	clock time.Time
+}
+
+func newFixture() *fixture {
+	f := &fixture{ctx: context.Background(), dir: GinkgoT().TempDir(), store: objectstoretest.NewMemory(),
+		clock: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f.store.Now = func() time.Time { return f.clock }
+	f.repo = backup.NewRepository(f.store)
+	f.repo.Now = func() time.Time { return f.clock }
+	f.repo.Catalog.Now = f.repo.Now
+	f.repo.RetryDelay = time.Millisecond
+	var err error
+	f.hv, err = backuptest.New(f.ctx, f.dir, 16*mib)
+	Expect(err).NotTo(HaveOccurred())
+	return f
+}
+
+// backupNow takes backup name of vm through the stand-in hypervisor and
+// keeps a copy of the live disk as it was.
+func (f *fixture) backupNow(name string, opts backup.PlanOptions) *backup.BackupResult {
+	f.clock = f.clock.Add(time.Minute)
+	res, err := f.repo.BackupVM(f.ctx, vm, f.hv, backup.BackupOptions{Backup: name, Checkpoint: "cp-" + name, Plan: opts, WorkDir: f.dir})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(f.hv.Snapshot(f.ctx, filepath.Join(f.dir, name+".expected.raw"))).To(Succeed())
+	return res
+}
+
+func (f *fixture) restore(name string) (*backup.RestoreResult, error) {
+	return f.repo.Restore(f.ctx, backup.RestoreOptions{Backup: name, VM: vm, Disk: "vda",
+		Target: filepath.Join(f.dir, name+".restored.raw"), WorkDir: f.dir})
+}
+
+func (f *fixture) expectRestored(name string) {
+	_, err := f.restore(name)
+	Expect(err).NotTo(HaveOccurred())
+	same, err := qcow2.Tool{}.Compare(f.ctx, filepath.Join(f.dir, name+".restored.raw"), filepath.Join(f.dir, name+".expected.raw"))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(same).To(BeTrue(), "restored %s differs from the disk at its checkpoint", name)
+}
+
+// threeBackups writes, backs up full, writes, incremental, writes,
+// incremental.
+func (f *fixture) threeBackups() {
+	Expect(f.hv.Write(f.ctx, 0, 4*mib, 0x11)).To(Succeed())
+	Expect(f.backupNow("b1", backup.PlanOptions{}).Checkpoint.Type).To(Equal(catalog.Full))
+	Expect(f.hv.Write(f.ctx, 1*mib, 64<<10, 0x22)).To(Succeed())
+	Expect(f.backupNow("b2", backup.PlanOptions{}).Checkpoint.Type).To(Equal(catalog.Incremental))
+	Expect(f.hv.Write(f.ctx, 8*mib, 128<<10, 0x33)).To(Succeed())
+	Expect(f.backupNow("b3", backup.PlanOptions{}).Checkpoint.Type).To(Equal(catalog.Incremental))
+}
+
+func diskKey(name string) string {
+	return catalog.Key(catalog.DiskPath(vm, "cp-"+name, name, "vda"))
+}
+
+var _ = Describe("backup and restore", func() {
+	var f *fixture
+	BeforeEach(func() { f = newFixture() })
+
+	It("restores every backup of a full-then-incremental chain to the disk as it was", func() {
+		f.threeBackups()
+		for _, b := range []string{"b1", "b2", "b3"} {
+			f.expectRestored(b)
+		}
+		idx, err := f.repo.Index(f.ctx, vm)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(idx.Checkpoint("cp-b1").ReferencedBy).To(ConsistOf("b1", "b2", "b3"))
+		Expect(idx.Checkpoint("cp-b3").ReferencedBy).To(ConsistOf("b3"))
+		Expect(idx.Checkpoint("cp-b3").Parent).To(Equal("cp-b2"))
+		Expect(idx.Checkpoint("cp-b3").Files[0].SHA256).To(HaveLen(64))
+	})
+
+	It("uploads only what changed in an incremental", func() {
+		Expect(f.hv.Write(f.ctx, 0, 8*mib, 0x11)).To(Succeed())
+		full := f.backupNow("b1", backup.PlanOptions{})
+		Expect(f.hv.Write(f.ctx, 2*mib, 256<<10, 0x22)).To(Succeed())
+		inc := f.backupNow("b2", backup.PlanOptions{})
+		Expect(full.Uploaded).To(BeNumerically(">", 8*mib))
+		Expect(inc.Uploaded).To(BeNumerically("<", 1*mib))
+	})
+
+	DescribeTable("falls back to a full backup when the chain cannot be trusted",
+		func(breakIt func(f *fixture) backup.PlanOptions, reason string) {
+			f.threeBackups()
+			opts := breakIt(f)
+			plan, err := f.repo.Plan(f.ctx, vm, opts)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(plan.Type).To(Equal(catalog.Full))
+			Expect(plan.Reason).To(ContainSubstring(reason))
+		},
+		Entry("forced", func(*fixture) backup.PlanOptions { return backup.PlanOptions{ForceFull: true} }, "forced"),
+		Entry("chain at its maximum length", func(*fixture) backup.PlanOptions { return backup.PlanOptions{MaxChainLength: 3} }, "maximum is 3"),
+		Entry("the hypervisor lost the checkpoints", func(*fixture) backup.PlanOptions {
+			return backup.PlanOptions{HypervisorCheckpoints: []string{"other"}}
+		}, "hypervisor has none"),
+		Entry("an object missing", func(f *fixture) backup.PlanOptions {
+			Expect(f.store.Delete(f.ctx, diskKey("b2"))).To(Succeed())
+			return backup.PlanOptions{}
+		}, "missing from the bucket"),
+		Entry("an object truncated", func(f *fixture) backup.PlanOptions {
+			f.store.Tamper(diskKey("b1"), func(b []byte) []byte { return b[:len(b)-512] })
+			return backup.PlanOptions{}
+		}, "the object was altered"),
+		Entry("an object replaced with one of the same size", func(f *fixture) backup.PlanOptions {
+			f.store.Tamper(diskKey("b1"), func(b []byte) []byte { b[len(b)-1] ^= 0xff; return b })
+			return backup.PlanOptions{}
+		}, "the object was replaced"),
+	)
+
+	It("plans an incremental from the latest checkpoint when all is well", func() {
+		f.threeBackups()
+		plan, err := f.repo.Plan(f.ctx, vm, backup.PlanOptions{MaxChainLength: 4, VerifyContent: true})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(plan.Type).To(Equal(catalog.Incremental))
+		Expect(plan.Parent).To(Equal("cp-b3"))
+		Expect(catalog.IDs(plan.Chain)).To(Equal([]string{"cp-b1", "cp-b2", "cp-b3"}))
+	})
+
+	It("takes a full backup after a corrupt chain and restores from it", func() {
+		f.threeBackups()
+		Expect(f.store.Delete(f.ctx, diskKey("b2"))).To(Succeed())
+		Expect(f.hv.Write(f.ctx, 12*mib, 64<<10, 0x44)).To(Succeed())
+		res := f.backupNow("b4", backup.PlanOptions{})
+		Expect(res.Checkpoint.Type).To(Equal(catalog.Full))
+		Expect(res.Plan.Reason).To(ContainSubstring("missing"))
+		f.expectRestored("b4")
+	})
+
+	DescribeTable("fails a restore with a clear error when an object is damaged",
+		func(breakIt func(f *fixture), message string) {
+			f.threeBackups()
+			breakIt(f)
+			_, err := f.restore("b3")
+			Expect(err).To(MatchError(ContainSubstring(message)))
+			Expect(backup.IsCorrupt(err)).To(BeTrue())
+		},
+		Entry("missing", func(f *fixture) { Expect(f.store.Delete(f.ctx, diskKey("b2"))).To(Succeed()) },
+			"b2-vda.qcow2: missing from the bucket"),
+		Entry("altered in place", func(f *fixture) {
+			f.store.Tamper(diskKey("b1"), func(b []byte) []byte { b[len(b)/2] ^= 0xff; return b })
+		}, "b1-vda.qcow2: sha256 is"),
+		Entry("truncated", func(f *fixture) {
+			f.store.Tamper(diskKey("b3"), func(b []byte) []byte { return b[:100] })
+		}, "has 100 bytes, the index records"),
+	)
+
+	It("resumes downloads whose connection breaks", func() {
+		f.threeBackups()
+		f.store.BreakReadsAfter = 256 << 10
+		f.store.MaxBrokenReads = 3
+		f.expectRestored("b3")
+		Expect(f.store.BrokenReads).To(Equal(3))
+	})
+
+	It("refuses an incremental file that holds a whole disk", func() {
+		Expect(f.hv.Write(f.ctx, 0, mib, 0x11)).To(Succeed())
+		f.backupNow("b1", backup.PlanOptions{})
+		up, err := f.repo.Begin(f.ctx, vm, backup.CheckpointSpec{ID: "cp-x", Type: catalog.Incremental, Parent: "cp-b1", Backup: "bx"})
+		Expect(err).NotTo(HaveOccurred())
+		whole := filepath.Join(f.dir, "whole.qcow2")
+		Expect(qcow2.Tool{}.Convert(f.ctx, f.hv.Live(), "raw", whole, "qcow2")).To(Succeed())
+		_, err = up.PutDisk(f.ctx, "vda", whole, nil)
+		Expect(err).To(MatchError(ContainSubstring("incremental layer has no backing file")))
+		Expect(up.Abort(f.ctx)).To(Succeed())
+		Expect(f.store.Keys()).NotTo(ContainElement(ContainSubstring("cp-x")))
+	})
+})
+
+var _ = Describe("garbage collection", func() {
+	var f *fixture
+	BeforeEach(func() { f = newFixture() })
+
+	objectsOf := func(f *fixture) []string {
+		var out []string
+		for _, k := range f.store.Keys() {
+			if strings.HasSuffix(k, ".qcow2") {
+				out = append(out, filepath.Base(k))
+			}
+		}
+		return out
+	}
+
+	It("removes only what no remaining backup needs", func() {
+		f.threeBackups()
+		_, err := f.repo.DeleteBackup(f.ctx, "b2", backup.GCOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(objectsOf(f)).To(ConsistOf("b1-vda.qcow2", "b2-vda.qcow2", "b3-vda.qcow2"), "b3's chain needs b2's layer")
+		f.expectRestored("b3")
+		f.expectRestored("b1")
+
+		rep, err := f.repo.DeleteBackup(f.ctx, "b3", backup.GCOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rep.Checkpoints).To(ConsistOf("default/vm1/cp-b2", "default/vm1/cp-b3"))
+		Expect(objectsOf(f)).To(ConsistOf("b1-vda.qcow2"))
+		f.expectRestored("b1")
+
+		_, err = f.repo.DeleteBackup(f.ctx, "b1", backup.GCOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(f.store.Keys()).To(ConsistOf(catalog.Key(catalog.VMIndexPath(vm))))
+	})
+
+	It("is idempotent and leaves other backups alone", func() {
+		f.threeBackups()
+		for i := 0; i < 2; i++ {
+			_, err := f.repo.DeleteBackup(f.ctx, "b3", backup.GCOptions{})
+			Expect(err).NotTo(HaveOccurred())
+		}
+		f.expectRestored("b2")
+		backups, err := f.repo.Backups(f.ctx)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(backups).To(HaveLen(2))
+	})
+
+	It("collects an upload that crashed between data and index, after the grace period only", func() {
+		f.threeBackups()
+		// The crash: the pending entry and the data are in, the commit is not.
+		f.clock = f.clock.Add(time.Minute)
+		up, err := f.repo.Begin(f.ctx, vm, backup.CheckpointSpec{ID: "cp-crash", Type: catalog.Incremental, Parent: "cp-b3", Backup: "crash"})
+		Expect(err).NotTo(HaveOccurred())
+		files, err := f.hv.Backup(f.ctx, "cp-crash", "cp-b3", f.dir)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = up.PutDisk(f.ctx, "vda", files["vda"], nil)
+		Expect(err).NotTo(HaveOccurred())
+		// An object no entry names, such as a retried upload's leftover.
+		Expect(f.store.Put(f.ctx, catalog.Key(catalog.AttachmentPath(vm, "cp-ghost", "x.qcow2")), strings.NewReader("x"), 1, objectstoreOpts)).Error().NotTo(HaveOccurred())
+
+		// Nothing is lost: the next backup is incremental from b3 and restores.
+		Expect(f.hv.Write(f.ctx, 3*mib, 64<<10, 0x55)).To(Succeed())
+		res := f.backupNow("b4", backup.PlanOptions{})
+		Expect(res.Checkpoint.Parent).To(Equal("cp-b3"))
+		f.expectRestored("b4")
+
+		rep, err := f.repo.Collect(f.ctx, backup.GCOptions{Grace: time.Hour})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rep.Objects).To(BeEmpty(), "the upload may still be running")
+
+		f.clock = f.clock.Add(2 * time.Hour)
+		rep, err = f.repo.Collect(f.ctx, backup.GCOptions{Grace: time.Hour})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rep.Checkpoints).To(ConsistOf("default/vm1/cp-crash"))
+		Expect(objectsOf(f)).To(ConsistOf("b1-vda.qcow2", "b2-vda.qcow2", "b3-vda.qcow2", "b4-vda.qcow2"))
+		for _, k := range f.store.Keys() {
+			Expect(k).NotTo(ContainSubstring("ghost"))
+		}
+		f.expectRestored("b4")
+	})
+
+	It("keeps the parent of an upload in progress even when its backup is deleted", func() {
+		Expect(f.hv.Write(f.ctx, 0, mib, 0x11)).To(Succeed())
+		f.backupNow("b1", backup.PlanOptions{})
+		up, err := f.repo.Begin(f.ctx, vm, backup.CheckpointSpec{ID: "cp-b2", Type: catalog.Incremental, Parent: "cp-b1", Backup: "b2"})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = f.repo.DeleteBackup(f.ctx, "b1", backup.GCOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(objectsOf(f)).To(ConsistOf("b1-vda.qcow2"))
+
+		files, err := f.hv.Backup(f.ctx, "cp-b2", "cp-b1", f.dir)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = up.PutDisk(f.ctx, "vda", files["vda"], nil)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = up.Commit(f.ctx)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(f.hv.Snapshot(f.ctx, filepath.Join(f.dir, "b2.expected.raw"))).To(Succeed())
+		f.expectRestored("b2")
+	})
+})
+
+var _ = Describe("concurrent commits", func() {
+	It("records every VM of a backup finishing at once", func() {
+		f := newFixture()
+		const vms = 6
+		hvs := make([]*backuptest.Hypervisor, vms)
+		for i := range hvs {
+			var err error
+			hvs[i], err = backuptest.New(f.ctx, GinkgoT().TempDir(), 4*mib)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(hvs[i].Write(f.ctx, 0, mib, byte(i+1))).To(Succeed())
+		}
+		errs := make(chan error, vms)
+		for i := range hvs {
+			go func(i int) {
+				_, err := f.repo.BackupVM(f.ctx, catalog.VM{Namespace: "ns", Name: fmt.Sprintf("vm%d", i)}, hvs[i],
+					backup.BackupOptions{Backup: "nightly", WorkDir: GinkgoT().TempDir()})
+				errs <- err
+			}(i)
+		}
+		for range hvs {
+			Expect(<-errs).NotTo(HaveOccurred())
+		}
+		m, found, err := f.repo.Catalog.BackupManifest(f.ctx, "nightly")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(found).To(BeTrue())
+		Expect(m.VMs).To(HaveLen(vms))
+	})
+})
+
+var objectstoreOpts = objectstore.PutOptions{}

@@ -1,0 +1,177 @@
+package backup
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
+)
+
+func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
+
+// ResolveChain returns the checkpoints, base first, that restore vm as
+// backup saved it, after checking the backup's manifests against the VM's
+// index. An empty backup means the VM's latest complete checkpoint.
+func (r *Repository) ResolveChain(ctx context.Context, backup string, vm catalog.VM) ([]catalog.CheckpointEntry, error) {
+	idx, err := r.Catalog.VMIndex(ctx, vm)
+	if err != nil {
+		return nil, fmt.Errorf("resolve chain of %s: %w", vm, err)
+	}
+	if backup == "" {
+		latest := idx.Latest()
+		if len(latest) == 0 {
+			return nil, fmt.Errorf("resolve chain of %s: no complete checkpoint in the store", vm)
+		}
+		return idx.Chain(latest[0].ID)
+	}
+	m, found, err := r.Catalog.BackupManifest(ctx, backup)
+	if err != nil {
+		return nil, fmt.Errorf("resolve chain of %s in backup %s: %w", vm, backup, err)
+	}
+	if !found {
+		return nil, fmt.Errorf("resolve chain of %s: backup %s is not in the store", vm, backup)
+	}
+	var entry *catalog.BackupVM
+	for i := range m.VMs {
+		if m.VMs[i].Namespace == vm.Namespace && m.VMs[i].Name == vm.Name {
+			entry = &m.VMs[i]
+		}
+	}
+	if entry == nil {
+		return nil, fmt.Errorf("resolve chain of %s: backup %s does not hold this VM", vm, backup)
+	}
+	vmm, err := r.Catalog.VMManifest(ctx, entry.ManifestPath)
+	if err != nil {
+		return nil, fmt.Errorf("resolve chain of %s in backup %s: %w", vm, backup, err)
+	}
+	chain, err := idx.Chain(entry.CheckpointID)
+	if err != nil {
+		return nil, fmt.Errorf("backup %s: %w", backup, err)
+	}
+	if ids := catalog.IDs(chain); !slices.Equal(ids, vmm.CheckpointChain) {
+		return nil, fmt.Errorf("backup %s of %s: manifest lists chain %v, the index %v", backup, vm, vmm.CheckpointChain, ids)
+	}
+	return chain, nil
+}
+
+// RestoreOptions say what to restore where.
+type RestoreOptions struct {
+	// Backup names the backup; empty restores the VM's latest checkpoint.
+	Backup string
+	VM     catalog.VM
+	// Disk is the disk's name in the checkpoint files (e.g. "vda").
+	Disk string
+	// Target is a raw file (created or replaced) or a block device
+	// (written in place) that receives the disk.
+	Target string
+	// WorkDir holds the downloaded layers; it needs room for the whole
+	// chain of the disk. Empty means the system's temporary directory.
+	WorkDir  string
+	Progress Progress
+	// SkipVerify skips comparing the target with the rebuilt chain.
+	SkipVerify bool
+}
+
+// RestoreResult describes a finished restore.
+type RestoreResult struct {
+	Chain []string
+	// Bytes is what was downloaded.
+	Bytes       int64
+	VirtualSize int64
+}
+
+// Restore downloads the disk's layer of every checkpoint of the chain,
+// checking each object's size and digest; checks that the base has no
+// backing file, that every incremental has one and that none uses an
+// external data file; points every layer at the one before it (rebase -u);
+// converts the top to raw onto the target and compares the two.
+func (r *Repository) Restore(ctx context.Context, opts RestoreOptions) (*RestoreResult, error) {
+	chain, err := r.ResolveChain(ctx, opts.Backup, opts.VM)
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: %w", opts.VM, err)
+	}
+	work, err := os.MkdirTemp(opts.WorkDir, "restore-")
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: work directory: %w", opts.VM, err)
+	}
+	defer os.RemoveAll(work)
+
+	res := &RestoreResult{Chain: catalog.IDs(chain)}
+	var prev string
+	for i, c := range chain {
+		f := c.File(opts.Disk)
+		if f == nil {
+			return nil, fmt.Errorf("restore %s: checkpoint %s has no disk %s", opts.VM, c.ID, opts.Disk)
+		}
+		local := filepath.Join(work, fmt.Sprintf("%03d-%s.qcow2", i, c.ID))
+		if err := r.fetchLayer(ctx, catalog.Key(f.ObjectPath), local, f, opts.Progress); err != nil {
+			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
+		}
+		res.Bytes += f.Size
+		info, err := r.Qemu.Info(ctx, local, qcow2.InfoOptions{Format: qcow2.FormatQcow2, NoBacking: true})
+		if err != nil {
+			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
+		}
+		want := catalog.Incremental
+		if i == 0 {
+			want = catalog.Full
+		}
+		if err := checkLayer(info, want); err != nil {
+			return nil, fmt.Errorf("restore %s disk %s: layer %d (checkpoint %s): %w", opts.VM, opts.Disk, i, c.ID, err)
+		}
+		if i > 0 {
+			if err := r.Qemu.Rebase(ctx, local, prev, qcow2.FormatQcow2); err != nil {
+				return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
+			}
+		}
+		check, err := r.Qemu.Check(ctx, local, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
+		if err != nil {
+			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
+		}
+		if !check.Clean() {
+			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: qemu-img check finds %d errors, %d corruptions",
+				opts.VM, opts.Disk, c.ID, check.CheckErrors, check.Corruptions)
+		}
+		res.VirtualSize = info.VirtualSize
+		prev = local
+	}
+	if err := r.Qemu.Convert(ctx, prev, qcow2.FormatQcow2, opts.Target, qcow2.FormatRaw); err != nil {
+		return nil, fmt.Errorf("restore %s disk %s: %w", opts.VM, opts.Disk, err)
+	}
+	if !opts.SkipVerify {
+		same, err := r.Qemu.Compare(ctx, opts.Target, prev)
+		if err != nil {
+			return nil, fmt.Errorf("restore %s disk %s: verify: %w", opts.VM, opts.Disk, err)
+		}
+		if !same {
+			return nil, fmt.Errorf("restore %s disk %s: %s differs from the rebuilt chain", opts.VM, opts.Disk, opts.Target)
+		}
+	}
+	return res, nil
+}
+
+// fetchLayer downloads one object to a new local file and checks it.
+func (r *Repository) fetchLayer(ctx context.Context, key, local string, f *catalog.FileEntry, progress Progress) error {
+	out, err := os.OpenFile(local, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("download %s: %w", key, err)
+	}
+	err = r.downloadFile(ctx, key, out, f.Size, f.SHA256, progress)
+	if cerr := out.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("download %s: %w", key, cerr)
+	}
+	return err
+}
+
+// IsCorrupt reports whether err says a stored object is missing or not
+// what the index recorded.
+func IsCorrupt(err error) bool {
+	var oe *ObjectError
+	return errors.As(err, &oe)
+}

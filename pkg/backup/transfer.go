@@ -1,0 +1,185 @@
+package backup
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"time"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
+)
+
+// Progress is told how many of total bytes of one object have moved. It is
+// called often; throttle in the callee.
+type Progress func(object string, done, total int64)
+
+// counter counts bytes through a reader and reports them.
+type counter struct {
+	r        io.Reader
+	done     int64
+	total    int64
+	object   string
+	progress Progress
+}
+
+func (c *counter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.done += int64(n)
+		if c.progress != nil {
+			c.progress(c.object, c.done, c.total)
+		}
+	}
+	return n, err
+}
+
+// uploaded is what an upload learnt about the object it wrote.
+type uploaded struct {
+	Size   int64
+	SHA256 string
+	ETag   string
+}
+
+// uploadFile streams a local file to key, hashing it on the way; the store
+// keeps memory bounded by sending parts. A failed attempt starts over from
+// the file's beginning, up to r.retries() times.
+func (r *Repository) uploadFile(ctx context.Context, key, path string, progress Progress) (uploaded, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return uploaded{}, fmt.Errorf("upload %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return uploaded{}, fmt.Errorf("upload %s: %w", path, err)
+	}
+	var lastErr error
+	for attempt := 1; attempt <= r.retries(); attempt++ {
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return uploaded{}, fmt.Errorf("upload %s: %w", path, err)
+		}
+		h := sha256.New()
+		src := &counter{r: io.TeeReader(f, h), total: st.Size(), object: key, progress: progress}
+		info, err := r.Store.Put(ctx, key, src, st.Size(), objectstore.PutOptions{})
+		if err == nil {
+			if src.done != st.Size() {
+				return uploaded{}, fmt.Errorf("upload %s: read %d bytes, file has %d (changed while uploading?)", path, src.done, st.Size())
+			}
+			return uploaded{Size: st.Size(), SHA256: hex.EncodeToString(h.Sum(nil)), ETag: info.ETag}, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+		if err := r.sleep(ctx, attempt); err != nil {
+			break
+		}
+	}
+	return uploaded{}, fmt.Errorf("upload %s to %s: %w", path, key, lastErr)
+}
+
+// ObjectError is a stored object that is not what the index recorded.
+type ObjectError struct {
+	Object string
+	Reason string
+}
+
+func (e *ObjectError) Error() string { return fmt.Sprintf("object %s: %s", e.Object, e.Reason) }
+
+// downloadFile streams key into w, resuming from where a broken read
+// stopped, and checks the recorded size and digest. sum may be empty for
+// objects recorded without one.
+func (r *Repository) downloadFile(ctx context.Context, key string, w io.Writer, size int64, sum string, progress Progress) error {
+	h := sha256.New()
+	dst := io.MultiWriter(w, h)
+	var done int64
+	failures := 0
+	for {
+		n, err := r.copyFrom(ctx, key, dst, done, size, progress)
+		done += n
+		if err == nil {
+			break
+		}
+		var oe *ObjectError
+		if errors.As(err, &oe) || errors.Is(err, objectstore.ErrNotFound) || ctx.Err() != nil {
+			return err
+		}
+		if n == 0 {
+			failures++
+		}
+		if failures >= r.retries() {
+			return fmt.Errorf("download %s: %w", key, err)
+		}
+		if err := r.sleep(ctx, failures); err != nil {
+			return fmt.Errorf("download %s: %w", key, err)
+		}
+	}
+	if done != size {
+		return &ObjectError{Object: key, Reason: fmt.Sprintf("has %d bytes, the index records %d", done, size)}
+	}
+	return verifySum(key, h, sum)
+}
+
+func verifySum(key string, h hash.Hash, want string) error {
+	if want == "" {
+		return nil
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != want {
+		return &ObjectError{Object: key, Reason: fmt.Sprintf("sha256 is %s, the index records %s: the object was altered", got, want)}
+	}
+	return nil
+}
+
+// copyFrom copies key from offset on into dst and returns how many bytes it
+// moved.
+func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, offset, size int64, progress Progress) (int64, error) {
+	rc, info, err := r.Store.Get(ctx, key, offset)
+	if errors.Is(err, objectstore.ErrNotFound) {
+		return 0, &ObjectError{Object: key, Reason: "missing from the bucket"}
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer rc.Close()
+	if offset == 0 && info.Size != size {
+		return 0, &ObjectError{Object: key, Reason: fmt.Sprintf("has %d bytes, the index records %d: the object was altered", info.Size, size)}
+	}
+	src := &counter{r: rc, done: offset, total: size, object: key, progress: progress}
+	n, err := io.Copy(dst, src)
+	if err != nil {
+		return n, fmt.Errorf("read %s at %d: %w", key, offset+n, err)
+	}
+	return n, nil
+}
+
+// hashObject reads an object to the end and checks its digest.
+func (r *Repository) hashObject(ctx context.Context, key string, size int64, sum string) error {
+	return r.downloadFile(ctx, key, io.Discard, size, sum, nil)
+}
+
+func (r *Repository) retries() int {
+	if r.Retries > 0 {
+		return r.Retries
+	}
+	return 3
+}
+
+func (r *Repository) sleep(ctx context.Context, attempt int) error {
+	d := r.RetryDelay
+	if d <= 0 {
+		d = time.Second
+	}
+	t := time.NewTimer(d * time.Duration(attempt))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
