@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"time"
 
@@ -60,8 +61,21 @@ func (m *VMBackupManifest) version() int     { return m.SchemaVersion }
 func (m *VMBackupManifest) setVersion(v int) { m.SchemaVersion = v }
 
 // read decodes the document at key into doc and returns its ETag; found is
-// false when there is none.
+// false when there is none. A document replaced while it is read is read
+// again.
 func (c *Catalog) read(ctx context.Context, key string, doc versioned) (etag string, found bool, err error) {
+	for attempt := 1; ; attempt++ {
+		etag, found, err = c.readOnce(ctx, key, doc)
+		if !errors.Is(err, objectstore.ErrPreconditionFailed) || attempt >= 16 {
+			return etag, found, err
+		}
+		if err := backoff(ctx, attempt); err != nil {
+			return "", false, fmt.Errorf("read %s: %w", key, err)
+		}
+	}
+}
+
+func (c *Catalog) readOnce(ctx context.Context, key string, doc versioned) (etag string, found bool, err error) {
 	rc, info, err := c.Store.Get(ctx, key, 0)
 	if errors.Is(err, objectstore.ErrNotFound) {
 		return "", false, nil
@@ -77,6 +91,8 @@ func (c *Catalog) read(ctx context.Context, key string, doc versioned) (etag str
 	if len(data) > maxDocumentSize {
 		return "", false, fmt.Errorf("read %s: larger than %d bytes", key, maxDocumentSize)
 	}
+	// A retried read must not merge into what an earlier one decoded.
+	reflect.ValueOf(doc).Elem().SetZero()
 	if err := json.Unmarshal(data, doc); err != nil {
 		return "", false, fmt.Errorf("decode %s: %w", key, err)
 	}

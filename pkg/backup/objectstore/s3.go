@@ -169,8 +169,26 @@ func (s *S3) Get(ctx context.Context, key string, offset int64) (io.ReadCloser, 
 		obj.Close()
 		return nil, ObjectInfo{}, s.wrap("get", key, err)
 	}
-	return obj, s.info(st), nil
+	return &objectReader{obj: obj, s: s, key: key}, s.info(st), nil
 }
+
+// objectReader maps the errors of a streaming read like the other calls:
+// an object replaced while it is read fails its ranged requests with 412.
+type objectReader struct {
+	obj *minio.Object
+	s   *S3
+	key string
+}
+
+func (r *objectReader) Read(p []byte) (int, error) {
+	n, err := r.obj.Read(p)
+	if err != nil && err != io.EOF {
+		err = r.s.wrap("read", r.key, err)
+	}
+	return n, err
+}
+
+func (r *objectReader) Close() error { return r.obj.Close() }
 
 // Stat implements Store.
 func (s *S3) Stat(ctx context.Context, key string) (ObjectInfo, error) {

@@ -1,0 +1,36 @@
+// Package backup_test is the functional suite of the backup data path: a
+// real S3 server (versitygw) on loopback and, for the hypervisor side,
+// libvirt's checkpoints and push-mode backups of a running guest.
+package backup_test
+
+import (
+	"context"
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/backup/s3server"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+func TestBackup(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "backup functional Suite")
+}
+
+var s3Binary string
+
+var _ = BeforeSuite(func(ctx context.Context) {
+	var err error
+	s3Binary, err = s3server.Binary(ctx, framework.RepoRoot())
+	framework.Require(err, "the S3 server build (hack/s3-server.sh)")
+}, NodeTimeout(15*60e9))
+
+// startS3 runs a fresh S3 server for one spec, stopped when the spec ends.
+func startS3(ctx context.Context) *s3server.Server {
+	srv, err := s3server.Start(ctx, s3Binary, GinkgoT().TempDir())
+	framework.Require(err, "the S3 server (versitygw)")
+	DeferCleanup(srv.Stop)
+	return srv
+}

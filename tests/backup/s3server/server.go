@@ -1,0 +1,169 @@
+// Package s3server runs a real S3 server for the backup suites and the
+// benchmark: versitygw with its posix backend, on a loopback port, storing
+// into a directory the caller owns. The binary is built once into the cache
+// by hack/s3-server.sh.
+package s3server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
+)
+
+// Server is a running versitygw.
+type Server struct {
+	URL       string
+	AccessKey string
+	SecretKey string
+	// Root holds one directory per bucket.
+	Root string
+	// Log is the server's output.
+	Log string
+	cmd *exec.Cmd
+	// done is closed when the process has exited.
+	done chan struct{}
+}
+
+// Binary returns the versitygw binary, building it on first use.
+func Binary(ctx context.Context, repoRoot string) (string, error) {
+	out, err := exec.CommandContext(ctx, filepath.Join(repoRoot, "hack", "s3-server.sh")).Output()
+	if err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			return "", fmt.Errorf("hack/s3-server.sh: %w: %s", err, strings.TrimSpace(string(exitErr.Stderr)))
+		}
+		return "", fmt.Errorf("hack/s3-server.sh: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Start runs binary storing under dir and waits until it accepts
+// connections.
+func Start(ctx context.Context, binary, dir string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		URL:       fmt.Sprintf("http://127.0.0.1:%d", port),
+		AccessKey: "backuptest",
+		SecretKey: "backuptest-secret",
+		Root:      filepath.Join(dir, "buckets"),
+		Log:       filepath.Join(dir, "versitygw.log"),
+		done:      make(chan struct{}),
+	}
+	if err := os.MkdirAll(s.Root, 0o755); err != nil {
+		return nil, fmt.Errorf("s3 server: %w", err)
+	}
+	logFile, err := os.Create(s.Log)
+	if err != nil {
+		return nil, fmt.Errorf("s3 server: %w", err)
+	}
+	defer logFile.Close()
+	s.cmd = exec.Command(binary, "--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet", "posix", s.Root)
+	s.cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY_ID="+s.AccessKey, "ROOT_SECRET_ACCESS_KEY="+s.SecretKey)
+	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
+	if err := s.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("s3 server: start %s: %w", binary, err)
+	}
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
+	if err := s.waitReady(ctx, port); err != nil {
+		_ = s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) waitReady(ctx context.Context, port int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		select {
+		case <-s.done:
+			log, _ := os.ReadFile(s.Log)
+			return fmt.Errorf("s3 server exited: %s", strings.TrimSpace(string(log)))
+		case <-ctx.Done():
+			return fmt.Errorf("s3 server on port %d not ready: %w", port, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Stop ends the server and waits for it.
+func (s *Server) Stop() error {
+	select {
+	case <-s.done:
+		return nil
+	default:
+	}
+	if err := s.cmd.Process.Signal(os.Interrupt); err != nil {
+		return fmt.Errorf("stop s3 server: %w", err)
+	}
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+	return nil
+}
+
+// WriteCredentials writes the server's keys as an AWS credentials file,
+// as Velero's credentials secret holds them, and returns its path.
+func (s *Server) WriteCredentials(dir string) (string, error) {
+	path := filepath.Join(dir, "credentials")
+	content := fmt.Sprintf("[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n", s.AccessKey, s.SecretKey)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		return "", fmt.Errorf("write credentials: %w", err)
+	}
+	return path, nil
+}
+
+// Config is a BSL configuration for bucket on this server.
+func (s *Server) Config(bucket, prefix, credentials string) objectstore.Config {
+	return objectstore.Config{Bucket: bucket, Prefix: prefix, Region: "us-east-1", S3URL: s.URL,
+		S3ForcePathStyle: true, CredentialsFile: credentials}
+}
+
+// BSL is a BackupStorageLocation manifest for bucket on this server.
+func (s *Server) BSL(bucket, prefix string) string {
+	return fmt.Sprintf(`apiVersion: velero.io/v1
+kind: BackupStorageLocation
+metadata:
+  name: default
+  namespace: velero
+spec:
+  provider: aws
+  objectStorage:
+    bucket: %s
+    prefix: %s
+  config:
+    region: us-east-1
+    s3Url: %s
+    s3ForcePathStyle: "true"
+`, bucket, prefix, s.URL)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
