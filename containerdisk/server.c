@@ -35,8 +35,18 @@ static volatile sig_atomic_t stop_signal;
 static int wake_read_fd = -1;
 static volatile sig_atomic_t wake_write_fd = -1;
 
+/*
+ * The socket is bound under PATH + TEMP_SUFFIX and renamed to PATH.sock once
+ * it listens, so that a client never finds a socket file that refuses
+ * connections. The suffix is no longer than SOCKET_SUFFIX to fit sun_path.
+ */
+#define TEMP_SUFFIX ".new"
+_Static_assert(sizeof(TEMP_SUFFIX) <= sizeof(SOCKET_SUFFIX),
+	       "the temporary socket name must fit where PATH.sock fits");
+
 struct server {
 	char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char temp_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	int listen_fd;
 	/* Whether socket_path is the file this process bound ... */
 	bool bound;
@@ -285,6 +295,7 @@ static int remove_stale_socket(const char *path)
 	return 0;
 }
 
+/* Binds and listens under the temporary name, then publishes the socket. */
 static int start_listening(struct server *srv)
 {
 	struct sockaddr_un addr;
@@ -299,24 +310,39 @@ static int start_listening(struct server *srv)
 		log_line("configure socket: %s", strerror(errno));
 		return -1;
 	}
-	fill_address(&addr, srv->socket_path);
+	fill_address(&addr, srv->temp_path);
 	if (bind(srv->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
-		log_line("bind %s: %s", srv->socket_path, strerror(errno));
+		log_line("bind %s: %s", srv->temp_path, strerror(errno));
 		return -1;
 	}
-	if (lstat(srv->socket_path, &st) != 0) {
-		log_line("inspect %s: %s", srv->socket_path, strerror(errno));
-		return -1;
+	/*
+	 * Any backlog above net.core.somaxconn is cut down to it by the
+	 * kernel; libc's SOMAXCONN may be smaller than what the kernel allows.
+	 */
+	if (listen(srv->listen_fd, INT_MAX) != 0) {
+		log_line("listen on %s: %s", srv->temp_path, strerror(errno));
+		goto remove_temp;
+	}
+	/* rename() keeps the inode, so this identifies PATH.sock later. */
+	if (lstat(srv->temp_path, &st) != 0) {
+		log_line("inspect %s: %s", srv->temp_path, strerror(errno));
+		goto remove_temp;
+	}
+	if (rename(srv->temp_path, srv->socket_path) != 0) {
+		log_line("rename %s to %s: %s", srv->temp_path,
+			 srv->socket_path, strerror(errno));
+		goto remove_temp;
 	}
 	srv->dev = st.st_dev;
 	srv->ino = st.st_ino;
 	srv->bound = true;
-	/* The kernel caps the backlog at net.core.somaxconn. */
-	if (listen(srv->listen_fd, SOMAXCONN) != 0) {
-		log_line("listen on %s: %s", srv->socket_path, strerror(errno));
-		return -1;
-	}
 	return 0;
+
+remove_temp:
+	if (unlink(srv->temp_path) != 0 && errno != ENOENT) {
+		log_line("remove %s: %s", srv->temp_path, strerror(errno));
+	}
+	return -1;
 }
 
 enum socket_state { SOCKET_OURS, SOCKET_GONE, SOCKET_REPLACED, SOCKET_ERROR };
@@ -487,6 +513,8 @@ int serve(const char *copy_path)
 	memset(&srv, 0, sizeof(srv));
 	memcpy(srv.socket_path, copy_path, len);
 	memcpy(srv.socket_path + len, SOCKET_SUFFIX, sizeof(SOCKET_SUFFIX));
+	memcpy(srv.temp_path, copy_path, len);
+	memcpy(srv.temp_path + len, TEMP_SUFFIX, sizeof(TEMP_SUFFIX));
 	srv.listen_fd = -1;
 
 	/* Handlers first: a SIGTERM after bind must not leave the file. */
@@ -496,7 +524,8 @@ int serve(const char *copy_path)
 	if (make_parent_dirs(srv.socket_path) != 0) {
 		goto out;
 	}
-	if (remove_stale_socket(srv.socket_path) != 0) {
+	if (remove_stale_socket(srv.socket_path) != 0 ||
+	    remove_stale_socket(srv.temp_path) != 0) {
 		goto out;
 	}
 	if (start_listening(&srv) != 0) {

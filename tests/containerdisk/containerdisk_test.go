@@ -281,6 +281,16 @@ var _ = Describe("container-disk", func() {
 			Expect(os.ReadFile(socket)).To(Equal([]byte("precious")))
 		})
 
+		It("leaves a file at the temporary name that is not a socket alone", func() {
+			temp := filepath.Join(dir, "disk_0.new")
+			Expect(os.WriteFile(temp, []byte("precious"), 0o644)).To(Succeed())
+
+			session := run(dir, "--copy-path", filepath.Join(dir, "disk_0"))
+			Expect(session).To(gexec.Exit(1))
+			expectOneErrorLine(session, temp+" exists and is not a socket")
+			Expect(dirEntries(dir)).To(ConsistOf("disk_0.new"))
+		})
+
 		It("reports a parent path that is a file", func() {
 			parent := filepath.Join(dir, "file")
 			Expect(os.WriteFile(parent, nil, 0o644)).To(Succeed())
@@ -291,19 +301,37 @@ var _ = Describe("container-disk", func() {
 		})
 	})
 
-	Context("with a stale socket file from an earlier run", func() {
-		It("replaces it and serves", func() {
-			socket := filepath.Join(dir, "disk_0.sock")
+	DescribeTable("replaces a stale socket file from an earlier run and serves",
+		func(name string) {
+			stale := filepath.Join(dir, name)
 			fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 			Expect(err).NotTo(HaveOccurred())
-			Expect(syscall.Bind(fd, &syscall.SockaddrUnix{Name: socket})).To(Succeed())
+			Expect(syscall.Bind(fd, &syscall.SockaddrUnix{Name: stale})).To(Succeed())
 			Expect(syscall.Close(fd)).To(Succeed())
-			Expect(isSocket(socket)).To(BeTrue())
+			Expect(isSocket(stale)).To(BeTrue())
 
+			socket := filepath.Join(dir, "disk_0.sock")
 			session := start(dir, "--copy-path", filepath.Join(dir, "disk_0"))
 			Eventually(func() (int, error) { return peerPID(socket) }).
 				Should(Equal(session.Command.Process.Pid))
-		})
+			Expect(dirEntries(dir)).To(ConsistOf("disk_0.sock"))
+		},
+		Entry("at PATH.sock", "disk_0.sock"),
+		Entry("at the temporary PATH.new", "disk_0.new"),
+	)
+
+	It("never shows a socket file that refuses connections", func() {
+		// The file appears by rename once the socket listens, so the
+		// first connection after it shows up must already be accepted.
+		for i := 0; i < 20; i++ {
+			socket := filepath.Join(dir, "run"+strconv.Itoa(i)+".sock")
+			session := start(dir, "--copy-path", strings.TrimSuffix(socket, ".sock"))
+			Eventually(func() bool { return isSocket(socket) }).WithPolling(time.Millisecond).Should(BeTrue())
+			Expect(peerPID(socket)).To(Equal(session.Command.Process.Pid), "run %d", i)
+			session.Terminate()
+			Eventually(session).WithTimeout(exitTimeout).Should(gexec.Exit(0))
+		}
+		Expect(dirEntries(dir)).To(BeEmpty())
 	})
 
 	Context("while serving", func() {
@@ -333,7 +361,7 @@ var _ = Describe("container-disk", func() {
 			func(sig syscall.Signal, name string) {
 				session.Signal(sig)
 				Eventually(session).WithTimeout(exitTimeout).Should(gexec.Exit(0))
-				Expect(socket).NotTo(BeAnExistingFile())
+				Expect(dirEntries(filepath.Dir(socket))).To(BeEmpty())
 				expectOneErrorLine(session, "received "+name+", removing "+socket)
 			},
 			Entry("SIGTERM", syscall.SIGTERM, "SIGTERM"),
