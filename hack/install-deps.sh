@@ -10,7 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 readonly APT_PACKAGES=(
 	qemu-utils qemu-system-x86 seabios
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-daemon-system libvirt-clients libvirt-dev
-	binutils pkg-config gcc make git util-linux e2fsprogs kmod
+	binutils pkg-config gcc musl-tools make git util-linux e2fsprogs kmod
 	shellcheck
 )
 
