@@ -1,0 +1,293 @@
+package env_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+const (
+	mib      = int64(1) << 20
+	diskSize = 16 * mib
+	// 1 MiB of guest writes: a few dozen INT 13h calls.
+	guestSectors = 2048
+)
+
+// guestParams writes guestSectors sectors from LBA 8 with a seed that
+// differs per spec and per run (reproducible with --seed).
+func guestParams(salt uint32) framework.GuestParams {
+	return framework.GuestParams{
+		StartLBA:      8,
+		Sectors:       guestSectors,
+		ProgressEvery: 4,
+		Seed:          uint32(GinkgoRandomSeed()) ^ salt,
+	}
+}
+
+// runGuest starts a domain on d, waits for the test guest to finish and
+// returns what it reported; the domain stays defined and running (halted)
+// until the spec ends.
+func runGuest(ctx context.Context, d *framework.Libvirtd, dom *libvirtxml.Domain) framework.GuestStatus {
+	GinkgoHelper()
+	Expect(d.DefineAndStart(ctx, dom)).To(Succeed())
+	DeferCleanup(func(ctx context.Context) error { return d.DestroyAndUndefine(ctx, dom.Name) }, NodeTimeout(time.Minute))
+	status, err := d.WaitForGuest(ctx, dom.Name)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(status.Failed).To(BeFalse(), "guest reported INT 13h error %#x", status.Err)
+	return status
+}
+
+var _ = Describe("the test guest", func() {
+	DescribeTable("boots from a raw disk and writes what the host reads back",
+		func(ctx SpecContext, virtType func() string) {
+			p := guestParams(0x1)
+			disk := filepath.Join(GinkgoT().TempDir(), "disk.raw")
+			Expect(framework.CreateBootDisk(ctx, disk, diskSize, p)).To(Succeed())
+
+			name := "raw-" + virtType()
+			dom := daemon.NewDomain(name, framework.FileDisk(disk, "raw", "vda"))
+			dom.Type = virtType()
+			status := runGuest(ctx, daemon, dom)
+			Expect(status.Done).To(BeTrue())
+			Expect(status.Written).To(BeEquivalentTo(p.Sectors))
+
+			serial, err := daemon.ReadSerial(name)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(serial).To(HavePrefix(fmt.Sprintf("START %08x %08x %08x\r\n", p.StartLBA, p.Sectors, p.Seed)))
+			Expect(strings.Count(serial, "PROGRESS ")).To(BeNumerically(">=", 2), "periodic progress lines")
+			Expect(serial).To(HaveSuffix(fmt.Sprintf("DONE %08x\r\n", p.Sectors)))
+
+			Expect(framework.VerifyGuestWrites(ctx, disk, "raw", p)).To(Succeed())
+			otherSeed := p
+			otherSeed.Seed++
+			Expect(framework.VerifyGuestWrites(ctx, disk, "raw", otherSeed)).NotTo(Succeed(), "the pattern depends on the seed")
+			bootSector, err := p.BootSector(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(framework.ReadSectors(ctx, disk, "raw", 0, 1)).To(Equal(bootSector), "sector 0 stays intact")
+			Expect(framework.ReadSectors(ctx, disk, "raw", 1, p.StartLBA-1)).To(Equal(make([]byte, (p.StartLBA-1)*framework.SectorSize)), "no writes before the start")
+			Expect(framework.ReadSectors(ctx, disk, "raw", p.StartLBA+uint64(p.Sectors), 1)).To(Equal(make([]byte, framework.SectorSize)), "no writes after the end")
+		},
+		Entry("with the daemon's virt type (KVM when it works)", func() string { return daemon.VirtType() }, SpecTimeout(2*time.Minute)),
+		Entry("under TCG", func() string { return "qemu" }, SpecTimeout(2*time.Minute)),
+	)
+
+	It("reports the INT 13h status when a write fails", func(ctx SpecContext) {
+		// The last call runs past the end of a 1 MiB disk.
+		p := framework.GuestParams{StartLBA: 1, Sectors: 2048, Seed: 5}
+		disk := filepath.Join(GinkgoT().TempDir(), "small.raw")
+		Expect(framework.CreateBootDisk(ctx, disk, mib, p)).To(Succeed())
+		const name = "write-error"
+		Expect(daemon.DefineAndStart(ctx, daemon.NewDomain(name, framework.FileDisk(disk, "raw", "vda")))).To(Succeed())
+		DeferCleanup(func(ctx context.Context) error { return daemon.DestroyAndUndefine(ctx, name) }, NodeTimeout(time.Minute))
+		status, err := daemon.WaitForGuest(ctx, name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(status.Failed).To(BeTrue())
+		Expect(status.Err).NotTo(BeZero())
+		Expect(status.Written).To(BeNumerically("<", p.Sectors))
+	}, SpecTimeout(time.Minute))
+
+	It("paces its writes with DelayMicros", func(ctx SpecContext) {
+		p := framework.GuestParams{StartLBA: 1, Sectors: 3 * 16, SectorsPerCall: 16, ProgressEvery: 1, DelayMicros: 1_000_000, Seed: 6}
+		disk := filepath.Join(GinkgoT().TempDir(), "paced.raw")
+		Expect(framework.CreateBootDisk(ctx, disk, diskSize, p)).To(Succeed())
+		const name = "paced"
+		Expect(daemon.DefineAndStart(ctx, daemon.NewDomain(name, framework.FileDisk(disk, "raw", "vda")))).To(Succeed())
+		DeferCleanup(func(ctx context.Context) error { return daemon.DestroyAndUndefine(ctx, name) }, NodeTimeout(time.Minute))
+		status := func() (framework.GuestStatus, error) {
+			serial, err := daemon.ReadSerial(name)
+			return framework.ParseGuestStatus(serial), err
+		}
+		By("seeing the first call's progress while the guest waits")
+		Eventually(status).WithContext(ctx).Should(And(
+			HaveField("Written", BeEquivalentTo(16)),
+			HaveField("Done", BeFalse()),
+		))
+		Eventually(status).WithContext(ctx).Should(HaveField("Done", BeTrue()))
+		Expect(framework.VerifyGuestWrites(ctx, disk, "raw", p)).To(Succeed())
+	}, SpecTimeout(time.Minute))
+
+	It("writes through a qcow2 overlay into the overlay, leaving the raw backing unchanged", func(ctx SpecContext) {
+		dir := GinkgoT().TempDir()
+		backing := filepath.Join(dir, "golden.raw")
+		overlay := filepath.Join(dir, "overlay.qcow2")
+		// The golden image's guest writes nothing; the overlay gets its own.
+		Expect(framework.CreateBootDisk(ctx, backing, diskSize, framework.GuestParams{StartLBA: 1})).To(Succeed())
+		backingHash, err := framework.SHA256(backing)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(framework.CreateOverlay(ctx, overlay, backing, "raw")).To(Succeed())
+		p := guestParams(0x2)
+		Expect(framework.WriteBootSector(ctx, overlay, "qcow2", p)).To(Succeed())
+
+		info, err := framework.QemuImgInfo(ctx, overlay, false)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(info.Format).To(Equal("qcow2"))
+		Expect(info.VirtualSize).To(Equal(diskSize))
+		Expect(info.FullBackingFilename).To(Equal(backing))
+		Expect(info.BackingFormat).To(Equal("raw"))
+
+		const name = "overlay-file"
+		dom := daemon.NewDomain(name, framework.FileDisk(overlay, "qcow2", "vda"))
+		status := runGuest(ctx, daemon, dom)
+		Expect(status.Written).To(BeEquivalentTo(p.Sectors))
+
+		By("seeing the chain in the running QEMU over QMP and HMP")
+		blocks, err := daemon.QMP(ctx, name, "query-block", nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(blocks)).To(And(ContainSubstring(overlay), ContainSubstring(backing)))
+		infoBlock, err := daemon.HMP(ctx, name, "info block")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(infoBlock).To(ContainSubstring(overlay))
+		_, err = framework.QemuImgInfo(ctx, overlay, true)
+		Expect(err).NotTo(HaveOccurred(), "qemu-img -U reads an image in use")
+
+		Expect(daemon.DestroyAndUndefine(ctx, name)).To(Succeed())
+		Expect(framework.VerifyGuestWrites(ctx, overlay, "qcow2", p)).To(Succeed())
+		Expect(framework.VerifyGuestWrites(ctx, framework.OverlayOnly(overlay, "qcow2"), "", p)).To(Succeed(), "the writes are in the overlay itself")
+		Expect(framework.SHA256(backing)).To(Equal(backingHash))
+		check, err := framework.QemuImgCheck(ctx, overlay, "qcow2", false)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(check.Clean()).To(BeTrue(), "%+v", check)
+	}, SpecTimeout(2*time.Minute))
+
+	It("writes through a qcow2 overlay on a loop device with an explicit backingStore", func(ctx SpecContext) {
+		dir := GinkgoT().TempDir()
+		backing := filepath.Join(dir, "golden.raw")
+		p := guestParams(0x3)
+		Expect(framework.CreateBootDisk(ctx, backing, diskSize, p)).To(Succeed())
+		backingHash, err := framework.SHA256(backing)
+		Expect(err).NotTo(HaveOccurred())
+
+		loopFile := filepath.Join(dir, "overlay.loop")
+		dev, err := framework.CreateLoopFile(ctx, loopFile, 4*mib)
+		framework.Require(err, "loop device")
+		DeferCleanup(framework.DetachLoop, dev, NodeTimeout(time.Minute))
+		Expect(framework.CreateOverlay(ctx, dev, backing, "raw")).To(Succeed())
+
+		const name = "overlay-block"
+		disk := framework.WithBackingFile(framework.BlockDisk(dev, "qcow2", "vda"), backing, "raw")
+		status := runGuest(ctx, daemon, daemon.NewDomain(name, disk))
+		Expect(status.Written).To(BeEquivalentTo(p.Sectors))
+
+		By("growing the loop device online: QEMU sees the new size")
+		Expect(framework.GrowLoop(ctx, dev, loopFile, 8*mib)).To(Succeed())
+		Expect(framework.DeviceSize(dev)).To(Equal(8 * mib))
+		Eventually(func(ctx context.Context) (string, error) {
+			return daemon.Virsh(ctx, "domblkinfo", name, "vda")
+		}).WithContext(ctx).Should(MatchRegexp(`(?m)^Physical:\s+%d$`, 8*mib))
+
+		Expect(daemon.DestroyAndUndefine(ctx, name)).To(Succeed())
+		Expect(framework.VerifyGuestWrites(ctx, dev, "qcow2", p)).To(Succeed())
+		Expect(framework.VerifyGuestWrites(ctx, framework.OverlayOnly(dev, "qcow2"), "", p)).To(Succeed())
+		Expect(framework.SHA256(backing)).To(Equal(backingHash))
+		check, err := framework.QemuImgCheck(ctx, dev, "qcow2", false)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(check.Clean()).To(BeTrue(), "%+v", check)
+	}, SpecTimeout(2*time.Minute))
+})
+
+var _ = Describe("a private libvirtd", func() {
+	It("keeps its mounts to itself, sees host mounts under SharedDir and leaves nothing behind", func(ctx SpecContext) {
+		systemRun, systemRunErr := os.Lstat("/run/libvirt")
+
+		d, err := framework.StartLibvirtd(ctx)
+		framework.Require(err, "second private libvirtd")
+		DeferCleanup(func(ctx context.Context) error { return d.Stop(ctx) }, NodeTimeout(time.Minute))
+
+		By("covering the system paths only inside its namespace")
+		Expect(hostMountsIn(coveredPaths...)).To(BeEmpty(), "the host does not see the daemon's bind mounts")
+		Expect(hostMountsIn(d.Dir())).To(ConsistOf(d.SharedDir()))
+		nsMounts := map[string]bool{}
+		mounts, err := d.Mounts()
+		Expect(err).NotTo(HaveOccurred())
+		for _, m := range mounts {
+			nsMounts[m.MountPoint] = true
+		}
+		Expect(nsMounts).To(HaveKey("/run"))
+		Expect(nsMounts).To(HaveKey("/etc/libvirt"))
+		conf, err := d.NamespaceCommand(ctx, "cat", "/etc/libvirt/qemu.conf").Output()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(conf)).To(ContainSubstring(`security_driver = "none"`))
+		Expect(os.Stat(filepath.Join(d.Dir(), "run", "libvirt", "libvirt-sock"))).NotTo(BeNil())
+
+		By("letting QEMU open an image bind-mounted under SharedDir after the start")
+		p := guestParams(0x4)
+		image := filepath.Join(GinkgoT().TempDir(), "disk.raw")
+		Expect(framework.CreateBootDisk(ctx, image, diskSize, p)).To(Succeed())
+		target := filepath.Join(d.SharedDir(), "disk.raw")
+		unmount := bindMount(image, target)
+		const name = "shared-mount"
+		runGuest(ctx, d, d.NewDomain(name, framework.FileDisk(target, "raw", "vda")))
+		pids, err := d.Processes()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pids).To(ContainElement(d.Pid()))
+		Expect(len(pids)).To(BeNumerically(">=", 2), "libvirtd and QEMU")
+		Expect(d.DestroyAndUndefine(ctx, name)).To(Succeed())
+		Expect(unmount()).To(Succeed())
+		Expect(framework.VerifyGuestWrites(ctx, image, "raw", p)).To(Succeed())
+
+		By("stopping with a domain still running")
+		runGuest(ctx, d, d.NewDomain(name+"-2", framework.FileDisk(image, "raw", "vda")))
+		pids, err = d.Processes()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(d.Stop(ctx)).To(Succeed())
+		for _, pid := range pids {
+			_, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+			Expect(err).To(HaveOccurred(), "pid %d still runs", pid)
+		}
+		Expect(d.Processes()).To(BeEmpty())
+		Expect(d.Dir()).NotTo(BeAnExistingFile())
+		Expect(hostMountsIn(d.Dir())).To(BeEmpty())
+		after, afterErr := os.Lstat("/run/libvirt")
+		Expect(afterErr == nil).To(Equal(systemRunErr == nil), "/run/libvirt existence")
+		if systemRunErr == nil {
+			Expect(after.ModTime()).To(Equal(systemRun.ModTime()))
+		}
+		Expect(daemon.Virsh(ctx, "version")).To(ContainSubstring("libvirt"), "the suite's daemon still answers")
+	}, SpecTimeout(3*time.Minute))
+})
+
+// The paths a private libvirtd covers with its own directories.
+var coveredPaths = []string{"/etc/libvirt", "/run", "/var/lib/libvirt", "/var/log/libvirt", "/var/cache/libvirt"}
+
+// hostMountsIn lists the test process's mount points at or beneath dirs.
+func hostMountsIn(dirs ...string) []string {
+	GinkgoHelper()
+	mounts, err := framework.MountPoints()
+	Expect(err).NotTo(HaveOccurred())
+	var found []string
+	for _, m := range mounts {
+		for _, dir := range dirs {
+			if m.MountPoint == dir || strings.HasPrefix(m.MountPoint, dir+"/") {
+				found = append(found, m.MountPoint)
+			}
+		}
+	}
+	return found
+}
+
+// bindMount bind-mounts the file src onto target, a new file, until the
+// returned unmount runs or the spec ends.
+func bindMount(src, target string) (unmount func() error) {
+	GinkgoHelper()
+	Expect(os.WriteFile(target, nil, 0o644)).To(Succeed())
+	Expect(unix.Mount(src, target, "", unix.MS_BIND, "")).To(Succeed())
+	var once sync.Once
+	var err error
+	unmount = func() error {
+		once.Do(func() { err = unix.Unmount(target, 0) })
+		return err
+	}
+	DeferCleanup(unmount)
+	return unmount
+}

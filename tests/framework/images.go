@@ -1,0 +1,257 @@
+package framework
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// CreateBootDisk creates a sparse raw image of size bytes holding the test
+// guest, with p patched in, at sector 0.
+func CreateBootDisk(ctx context.Context, path string, size int64, p GuestParams) error {
+	sector, err := p.BootSector(ctx)
+	if err != nil {
+		return fmt.Errorf("create boot disk %s: %w", path, err)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("create boot disk: %w", err)
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return fmt.Errorf("create boot disk %s: %w", path, err)
+	}
+	if _, err := f.WriteAt(sector, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("create boot disk %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("create boot disk %s: %w", path, err)
+	}
+	return nil
+}
+
+// WriteBootSector writes the test guest with p into sector 0 of an existing
+// image of any format, e.g. an overlay, so guests sharing a backing image
+// can write differently.
+func WriteBootSector(ctx context.Context, image, format string, p GuestParams) error {
+	sector, err := p.BootSector(ctx)
+	if err != nil {
+		return fmt.Errorf("write boot sector into %s: %w", image, err)
+	}
+	tmp, err := os.CreateTemp("", "bootsector-")
+	if err != nil {
+		return fmt.Errorf("write boot sector into %s: %w", image, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(sector); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write boot sector into %s: %w", image, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write boot sector into %s: %w", image, err)
+	}
+	if _, err := QemuIO(ctx, image, format, fmt.Sprintf("write -q -s %s 0 %d", tmp.Name(), SectorSize)); err != nil {
+		return fmt.Errorf("write boot sector: %w", err)
+	}
+	return nil
+}
+
+// QemuImg runs qemu-img and returns its standard output.
+func QemuImg(ctx context.Context, args ...string) (string, error) {
+	return run(ctx, "qemu-img", args...)
+}
+
+// CreateOverlay creates a qcow2 image at path (a file or a block device)
+// over backing, in backingFormat, of the backing's size.
+func CreateOverlay(ctx context.Context, path, backing, backingFormat string) error {
+	abs, err := filepath.Abs(backing)
+	if err != nil {
+		return fmt.Errorf("create overlay %s: %w", path, err)
+	}
+	if _, err := QemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", backingFormat, "-b", abs, path); err != nil {
+		return fmt.Errorf("create overlay %s: %w", path, err)
+	}
+	return nil
+}
+
+// ImageInfo is what `qemu-img info --output=json` reports.
+type ImageInfo struct {
+	Filename            string `json:"filename"`
+	Format              string `json:"format"`
+	VirtualSize         int64  `json:"virtual-size"`
+	ActualSize          int64  `json:"actual-size"`
+	ClusterSize         int64  `json:"cluster-size"`
+	DirtyFlag           bool   `json:"dirty-flag"`
+	BackingFilename     string `json:"backing-filename"`
+	FullBackingFilename string `json:"full-backing-filename"`
+	BackingFormat       string `json:"backing-filename-format"`
+}
+
+// QemuImgInfo describes an image; forceShare (-U) reads one a running QEMU
+// holds.
+func QemuImgInfo(ctx context.Context, image string, forceShare bool) (ImageInfo, error) {
+	args := []string{"info", "--output=json"}
+	if forceShare {
+		args = append(args, "-U")
+	}
+	out, err := QemuImg(ctx, append(args, image)...)
+	if err != nil {
+		return ImageInfo{}, fmt.Errorf("image info of %s: %w", image, err)
+	}
+	var info ImageInfo
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		return ImageInfo{}, fmt.Errorf("image info of %s: %w", image, err)
+	}
+	return info, nil
+}
+
+// ImageCheck is what `qemu-img check --output=json` reports.
+type ImageCheck struct {
+	Filename          string `json:"filename"`
+	Format            string `json:"format"`
+	CheckErrors       int    `json:"check-errors"`
+	Corruptions       int    `json:"corruptions"`
+	Leaks             int    `json:"leaks"`
+	ImageEndOffset    int64  `json:"image-end-offset"`
+	AllocatedClusters int64  `json:"allocated-clusters"`
+	TotalClusters     int64  `json:"total-clusters"`
+}
+
+// Clean reports whether the check found nothing wrong.
+func (c ImageCheck) Clean() bool {
+	return c.CheckErrors == 0 && c.Corruptions == 0 && c.Leaks == 0
+}
+
+// QemuImgCheck checks an image's consistency. Findings are in the result,
+// not the error: qemu-img exits non-zero for them.
+func QemuImgCheck(ctx context.Context, image, format string, forceShare bool) (ImageCheck, error) {
+	args := []string{"check", "--output=json"}
+	if format != "" {
+		args = append(args, "-f", format)
+	}
+	if forceShare {
+		args = append(args, "-U")
+	}
+	out, runErr := QemuImg(ctx, append(args, image)...)
+	var check ImageCheck
+	if err := json.Unmarshal([]byte(out), &check); err != nil {
+		return ImageCheck{}, fmt.Errorf("check image %s: %w", image, errors.Join(runErr, err))
+	}
+	return check, nil
+}
+
+// OverlayOnly names an image for qemu-img and qemu-io without its backing
+// chain, so reads show only what the image itself holds.
+func OverlayOnly(path, format string) string {
+	spec, _ := json.Marshal(map[string]any{
+		"driver":  format,
+		"file":    map[string]string{"filename": path},
+		"backing": nil,
+	})
+	return "json:" + string(spec)
+}
+
+// ReadSectors reads count sectors from lba on of an image of any format,
+// through its backing chain, and also from a json: name (format empty). It
+// opens the image shared (-U); a qcow2 image a running QEMU writes may show
+// stale metadata, so stop the domain first.
+func ReadSectors(ctx context.Context, image, format string, lba, count uint64) ([]byte, error) {
+	node, err := blockNode(image, format)
+	if err != nil {
+		return nil, fmt.Errorf("read sectors of %s: %w", image, err)
+	}
+	// A raw node with offset and size over the image is the range alone.
+	window, err := json.Marshal(map[string]any{
+		"driver": "raw",
+		"offset": lba * SectorSize,
+		"size":   count * SectorSize,
+		"file":   node,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read sectors of %s: %w", image, err)
+	}
+	dir, err := os.MkdirTemp("", "sectors-")
+	if err != nil {
+		return nil, fmt.Errorf("read sectors of %s: %w", image, err)
+	}
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, "sectors.raw")
+	if _, err := QemuImg(ctx, "convert", "-U", "-O", "raw", "json:"+string(window), out); err != nil {
+		return nil, fmt.Errorf("read sectors %d+%d of %s: %w", lba, count, image, err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		return nil, fmt.Errorf("read sectors of %s: %w", image, err)
+	}
+	if want := count * SectorSize; uint64(len(data)) != want {
+		return nil, fmt.Errorf("read sectors %d+%d of %s: got %d bytes, want %d", lba, count, image, len(data), want)
+	}
+	return data, nil
+}
+
+// blockNode is QEMU's block node description of an image path in format,
+// or the one a json: name holds.
+func blockNode(image, format string) (map[string]any, error) {
+	if spec, ok := strings.CutPrefix(image, "json:"); ok {
+		var node map[string]any
+		if err := json.Unmarshal([]byte(spec), &node); err != nil {
+			return nil, fmt.Errorf("parse %s: %w", image, err)
+		}
+		return node, nil
+	}
+	if format == "" {
+		return nil, errors.New("no image format given")
+	}
+	return map[string]any{"driver": format, "file": map[string]any{"filename": image}}, nil
+}
+
+// VerifyGuestWrites checks that the sectors the test guest with p writes
+// hold its pattern in the image.
+func VerifyGuestWrites(ctx context.Context, image, format string, p GuestParams) error {
+	data, err := ReadSectors(ctx, image, format, p.StartLBA, uint64(p.Sectors))
+	if err != nil {
+		return err
+	}
+	if err := VerifyGuestData(data, p.StartLBA, p.Seed); err != nil {
+		return fmt.Errorf("guest writes in %s: %w", image, err)
+	}
+	return nil
+}
+
+// SHA256 hashes a file or a block device and returns the hex digest.
+func SHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("hash %s: %w", path, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("hash %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// QemuIO runs qemu-io commands (-c) against an image and returns the output.
+func QemuIO(ctx context.Context, image, format string, commands ...string) (string, error) {
+	var args []string
+	if format != "" {
+		args = append(args, "-f", format)
+	}
+	for _, c := range commands {
+		args = append(args, "-c", c)
+	}
+	out, err := run(ctx, "qemu-io", append(args, image)...)
+	if err != nil {
+		return out, fmt.Errorf("qemu-io on %s: %w", image, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,69 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// AttachLoop attaches a file to a free loop device and returns the device.
+func AttachLoop(ctx context.Context, file string) (string, error) {
+	out, err := run(ctx, "losetup", "--find", "--show", file)
+	if err != nil {
+		return "", fmt.Errorf("attach %s to a loop device: %w", file, err)
+	}
+	return strings.TrimSpace(out), nil
+}
+
+// DetachLoop detaches a loop device.
+func DetachLoop(ctx context.Context, dev string) error {
+	if _, err := run(ctx, "losetup", "--detach", dev); err != nil {
+		return fmt.Errorf("detach loop device %s: %w", dev, err)
+	}
+	return nil
+}
+
+// GrowLoop grows the file behind a loop device to size bytes and makes the
+// device, and a QEMU using it, see the new size: online, no QMP call.
+func GrowLoop(ctx context.Context, dev, file string, size int64) error {
+	if err := os.Truncate(file, size); err != nil {
+		return fmt.Errorf("grow loop device %s: %w", dev, err)
+	}
+	if _, err := run(ctx, "losetup", "--set-capacity", dev); err != nil {
+		return fmt.Errorf("grow loop device %s: %w", dev, err)
+	}
+	return nil
+}
+
+// DeviceSize is the size in bytes of a block device (or file).
+func DeviceSize(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", path, err)
+	}
+	defer f.Close()
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", path, err)
+	}
+	return size, nil
+}
+
+// CreateLoopFile creates a sparse file of size bytes and attaches it to a
+// loop device, returning the device.
+func CreateLoopFile(ctx context.Context, file string, size int64) (string, error) {
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("create loop file: %w", err)
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return "", fmt.Errorf("create loop file %s: %w", file, err)
+	}
+	if err := f.Close(); err != nil {
+		return "", fmt.Errorf("create loop file %s: %w", file, err)
+	}
+	return AttachLoop(ctx, file)
+}
