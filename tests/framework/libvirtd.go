@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -98,7 +99,7 @@ func StartLibvirtd(ctx context.Context) (*Libvirtd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create private libvirtd dir: %w", err)
 	}
-	d := &Libvirtd{dir: dir, virtType: detectVirtType(), exited: make(chan struct{})}
+	d := &Libvirtd{dir: dir, exited: make(chan struct{})}
 	if err := d.start(ctx); err != nil {
 		cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), libvirtdStopGrace+20*time.Second)
 		defer cancel()
@@ -108,6 +109,11 @@ func StartLibvirtd(ctx context.Context) (*Libvirtd, error) {
 }
 
 func (d *Libvirtd) start(ctx context.Context) error {
+	virtType, err := chooseVirtType()
+	if err != nil {
+		return err
+	}
+	d.virtType = virtType
 	for sub, covered := range libvirtdPrivateDirs {
 		if within(d.dir, covered) {
 			return fmt.Errorf("private dir %s lies under %s, which the daemon's namespace covers; set TMPDIR elsewhere", d.dir, covered)
@@ -148,15 +154,26 @@ func (d *Libvirtd) start(ctx context.Context) error {
 	d.cmd.Stderr = logFile
 	// Its own process group keeps a terminal's ^C for Ginkgo, which then
 	// runs Stop; the parent-death signal ends the daemon if the test binary
-	// dies without cleaning up.
+	// dies without cleaning up (its QEMU processes stay: nothing tells them).
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := d.cmd.Start(); err != nil {
+	started := make(chan error)
+	go func() {
+		// The kernel sends the parent-death signal when the forking
+		// thread exits: keep this thread to this goroutine while the
+		// daemon lives.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		defer close(d.exited)
+		if err := d.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		d.waitErr = d.cmd.Wait()
+	}()
+	if err := <-started; err != nil {
 		return err
 	}
-	go func() {
-		d.waitErr = d.cmd.Wait()
-		close(d.exited)
-	}()
 
 	var lastErr error
 	answered := poll(ctx, 200*time.Millisecond, func() (bool, error) {
@@ -363,8 +380,8 @@ func (d *Libvirtd) Pid() int {
 	return d.cmd.Process.Pid
 }
 
-// VirtType is the libvirt domain type guests get: "kvm" when /dev/kvm can
-// create a VM, else "qemu" (TCG).
+// VirtType is the libvirt domain type NewDomain gives guests: "kvm" when
+// /dev/kvm can create a VM, else "qemu" (TCG); VirtTypeEnv overrides it.
 func (d *Libvirtd) VirtType() string {
 	return d.virtType
 }
@@ -413,6 +430,28 @@ func mountNamespace(pid int) (string, error) {
 		return "", fmt.Errorf("mount namespace of pid %d: %w", pid, err)
 	}
 	return ns, nil
+}
+
+// VirtTypeEnv names the environment variable that chooses the guests'
+// domain type, "kvm" or "qemu", instead of detection. Nested KVM without
+// hardware virtualization can run the BIOS far slower than TCG.
+const VirtTypeEnv = "FUNCTIONAL_VIRT_TYPE"
+
+func chooseVirtType() (string, error) {
+	detected := detectVirtType()
+	switch want := os.Getenv(VirtTypeEnv); want {
+	case "":
+		return detected, nil
+	case "qemu":
+		return want, nil
+	case "kvm":
+		if detected != "kvm" {
+			return "", fmt.Errorf("%s=kvm, but /dev/kvm cannot create a VM", VirtTypeEnv)
+		}
+		return want, nil
+	default:
+		return "", fmt.Errorf("%s=%q, want kvm or qemu", VirtTypeEnv, want)
+	}
 }
 
 // detectVirtType checks that /dev/kvm answers with the stable API and can
