@@ -1,0 +1,154 @@
+package backup_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+// guestRounds are the writes the test guest makes before each backup: the
+// first fills 8 MiB, the next two change 1 MiB and 512 KiB elsewhere.
+var guestRounds = []framework.GuestParams{
+	{StartLBA: 1, Sectors: 16384, Seed: 1},
+	{StartLBA: 8192, Sectors: 2048, Seed: 2},
+	{StartLBA: 40000, Sectors: 1024, Seed: 3},
+}
+
+var uploadedLine = regexp.MustCompile(`(full|incremental) checkpoint (\S+).*, (\d+) bytes uploaded`)
+
+var _ = Describe("backups of a running libvirt domain", Ordered, func() {
+	var (
+		lv      *framework.Libvirtd
+		bin     string
+		work    string
+		storage []string
+		repo    *backup.Repository
+	)
+	const domName = "backup-guest"
+	vm := catalog.VM{Namespace: "prod", Name: "guest"}
+	live := func() string { return filepath.Join(work, "live.qcow2") }
+
+	BeforeAll(func(ctx SpecContext) {
+		var err error
+		lv, err = framework.StartLibvirtd(ctx)
+		framework.Require(err, "libvirtd")
+		DeferCleanup(func(ctx SpecContext) { Expect(lv.Stop(ctx)).To(Succeed()) })
+		bin = buildCLI(ctx)
+		work = GinkgoT().TempDir()
+		srv := startS3(ctx)
+		creds, err := srv.WriteCredentials(work)
+		Expect(err).NotTo(HaveOccurred())
+		bsl := filepath.Join(work, "bsl.yaml")
+		Expect(os.WriteFile(bsl, []byte(srv.BSL("backups", "velero")), 0o600)).To(Succeed())
+		storage = []string{"-bsl", bsl, "-credentials", creds}
+		repo = backup.NewRepository(newStore(ctx, srv.BSL("backups", "velero"), creds, nil))
+
+		raw := filepath.Join(work, "boot.raw")
+		Expect(framework.CreateBootDisk(ctx, raw, 64*mib, guestRounds[0])).To(Succeed())
+		_, err = framework.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", raw, live())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(lv.DefineAndStart(ctx, lv.NewDomain(domName, framework.FileDisk(live(), "qcow2", "vda")))).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			_, _ = lv.Virsh(ctx, "destroy", domName) // may be shut off already
+			_, err := lv.Virsh(ctx, "undefine", "--checkpoints-metadata", domName)
+			Expect(err).NotTo(HaveOccurred())
+		})
+	}, NodeTimeout(20*time.Minute))
+
+	expected := func(b string) string { return filepath.Join(work, b+".expected.raw") }
+
+	// runGuest boots the domain so the test guest writes round p, waits for
+	// it to finish, backs it up with the command and returns what the
+	// command reported. The domain keeps running during the backup; it is
+	// stopped afterwards only to copy the live disk as the backup saw it.
+	runGuest := func(ctx context.Context, round int, name string, extra ...string) (string, int64) {
+		p := guestRounds[round]
+		if round > 0 {
+			Expect(framework.WriteBootSector(ctx, live(), "qcow2", p)).To(Succeed())
+			_, err := lv.Virsh(ctx, "start", domName)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		status, err := lv.WaitForGuest(ctx, domName)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(status.Done).To(BeTrue(), "guest status %+v", status)
+
+		args := append([]string{"backup", "-uri", lv.URI(), "-domain", domName, "-namespace", vm.Namespace, "-vm", vm.Name,
+			"-backup", name, "-work-dir", work}, storage...)
+		out, stderr, err := cli(ctx, bin, append(args, extra...)...)
+		Expect(err).NotTo(HaveOccurred(), stderr)
+		m := uploadedLine.FindStringSubmatch(out)
+		Expect(m).NotTo(BeNil(), out)
+		bytes, _ := strconv.ParseInt(m[3], 10, 64)
+
+		_, err = lv.Virsh(ctx, "destroy", "--graceful", domName)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(lv.WaitForState(ctx, domName, framework.StateShutOff)).To(Succeed())
+		_, err = framework.QemuImg(ctx, "convert", "-f", "qcow2", "-O", "raw", live(), expected(name))
+		Expect(err).NotTo(HaveOccurred())
+		return m[1], bytes
+	}
+
+	restore := func(ctx context.Context, b string) string {
+		target := filepath.Join(work, b+".restored.raw")
+		_, err := repo.Restore(ctx, backup.RestoreOptions{Backup: b, VM: vm, Disk: "vda", Target: target, WorkDir: work})
+		Expect(err).NotTo(HaveOccurred())
+		return target
+	}
+
+	It("takes a full backup, then incrementals holding only the guest's new writes", func(ctx SpecContext) {
+		kind, full := runGuest(ctx, 0, "b1")
+		Expect(kind).To(Equal("full"))
+		kind, inc1 := runGuest(ctx, 1, "b2")
+		Expect(kind).To(Equal("incremental"))
+		kind, inc2 := runGuest(ctx, 2, "b3")
+		Expect(kind).To(Equal("incremental"))
+		By(fmt.Sprintf("uploaded: full %d, incrementals %d and %d bytes", full, inc1, inc2))
+		Expect(full).To(BeNumerically(">", 8*mib))
+		Expect(inc1).To(BeNumerically("<", 2*mib), "1 MiB of guest writes")
+		Expect(inc2).To(BeNumerically("<", 1536<<10), "512 KiB of guest writes")
+
+		idx, err := repo.Index(ctx, vm)
+		Expect(err).NotTo(HaveOccurred())
+		chain, err := idx.Chain(idx.Latest()[0].ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(chain).To(HaveLen(3))
+	}, NodeTimeout(10*time.Minute))
+
+	DescribeTable("restores each backup to the disk as it was at its checkpoint",
+		func(ctx SpecContext, b string, rounds []int) {
+			target := restore(ctx, b)
+			same, err := qcow2.Tool{}.Compare(ctx, target, expected(b))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(same).To(BeTrue(), "restored %s differs from the live disk at its checkpoint", b)
+			for _, r := range rounds {
+				p := guestRounds[r]
+				data, err := framework.ReadSectors(ctx, target, "raw", p.StartLBA, uint64(p.Sectors))
+				Expect(err).NotTo(HaveOccurred())
+				Expect(framework.VerifyGuestData(data, p.StartLBA, p.Seed)).To(Succeed())
+			}
+		},
+		Entry("the full one", "b1", []int{0}, NodeTimeout(5*time.Minute)),
+		Entry("the first incremental", "b2", []int{1}, NodeTimeout(5*time.Minute)),
+		Entry("the second incremental", "b3", []int{1, 2}, NodeTimeout(5*time.Minute)),
+	)
+
+	It("takes a full backup again when asked to", func(ctx SpecContext) {
+		kind, _ := runGuest(ctx, 2, "b4", "-force-full")
+		Expect(kind).To(Equal("full"))
+		same, err := qcow2.Tool{}.Compare(ctx, restore(ctx, "b4"), expected("b4"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(same).To(BeTrue())
+	}, NodeTimeout(5*time.Minute))
+})
