@@ -4,7 +4,6 @@
 package env_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -26,6 +25,6 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	d, err := framework.StartLibvirtd(ctx)
 	framework.Require(err, "private libvirtd")
 	daemon = d
-	DeferCleanup(func(ctx context.Context) error { return daemon.Stop(ctx) }, NodeTimeout(time.Minute))
+	DeferCleanup(daemon.Stop, NodeTimeout(time.Minute))
 	GinkgoWriter.Printf("private libvirtd at %s, guests use %s\n", daemon.URI(), daemon.VirtType())
 }, NodeTimeout(3*time.Minute))

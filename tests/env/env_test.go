@@ -42,7 +42,7 @@ func guestParams(salt uint32) framework.GuestParams {
 func runGuest(ctx context.Context, d *framework.Libvirtd, dom *libvirtxml.Domain) framework.GuestStatus {
 	GinkgoHelper()
 	Expect(d.DefineAndStart(ctx, dom)).To(Succeed())
-	DeferCleanup(func(ctx context.Context) error { return d.DestroyAndUndefine(ctx, dom.Name) }, NodeTimeout(time.Minute))
+	DeferCleanup(d.DestroyAndUndefine, dom.Name, NodeTimeout(time.Minute))
 	status, err := d.WaitForGuest(ctx, dom.Name)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(status.Failed).To(BeFalse(), "guest reported INT 13h error %#x", status.Err)
@@ -90,7 +90,7 @@ var _ = Describe("the test guest", func() {
 		Expect(framework.CreateBootDisk(ctx, disk, mib, p)).To(Succeed())
 		const name = "write-error"
 		Expect(daemon.DefineAndStart(ctx, daemon.NewDomain(name, framework.FileDisk(disk, "raw", "vda")))).To(Succeed())
-		DeferCleanup(func(ctx context.Context) error { return daemon.DestroyAndUndefine(ctx, name) }, NodeTimeout(time.Minute))
+		DeferCleanup(daemon.DestroyAndUndefine, name, NodeTimeout(time.Minute))
 		status, err := daemon.WaitForGuest(ctx, name)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(status.Failed).To(BeTrue())
@@ -109,7 +109,7 @@ var _ = Describe("the test guest", func() {
 		Expect(framework.CreateBootDisk(ctx, disk, diskSize, p)).To(Succeed())
 		const name = "paced"
 		Expect(daemon.DefineAndStart(ctx, daemon.NewDomain(name, framework.FileDisk(disk, "raw", "vda")))).To(Succeed())
-		DeferCleanup(func(ctx context.Context) error { return daemon.DestroyAndUndefine(ctx, name) }, NodeTimeout(time.Minute))
+		DeferCleanup(daemon.DestroyAndUndefine, name, NodeTimeout(time.Minute))
 		status := func() (framework.GuestStatus, error) {
 			serial, err := daemon.ReadSerial(name)
 			return framework.ParseGuestStatus(serial), err
@@ -221,7 +221,7 @@ var _ = Describe("a private libvirtd", func() {
 
 		d, err := framework.StartLibvirtd(ctx)
 		framework.Require(err, "second private libvirtd")
-		DeferCleanup(func(ctx context.Context) error { return d.Stop(ctx) }, NodeTimeout(time.Minute))
+		DeferCleanup(d.Stop, NodeTimeout(time.Minute))
 
 		By("covering the system paths only inside its namespace")
 		Expect(hostMountsAt(coveredPaths...)).To(BeEmpty(), "the host does not see the daemon's bind mounts")

@@ -148,8 +148,11 @@ func (d *Libvirtd) start(ctx context.Context) error {
 		return err
 	}
 	defer logFile.Close()
-	d.cmd = exec.Command("unshare", "--mount", "--propagation", "slave", "--",
-		"bash", filepath.Join(d.dir, "ns.sh"), d.dir)
+	args := []string{"--mount", "--propagation", "slave", "--", "bash", filepath.Join(d.dir, "ns.sh"), d.dir}
+	for sub, covered := range libvirtdPrivateDirs {
+		args = append(args, sub+":"+covered)
+	}
+	d.cmd = exec.Command("unshare", args...)
 	d.cmd.Stdout = logFile
 	d.cmd.Stderr = logFile
 	// Its own process group keeps a terminal's ^C for Ginkgo, which then
