@@ -63,7 +63,7 @@ func (f *fixture) restore(name string) (*backup.RestoreResult, error) {
 func (f *fixture) expectRestored(name string) {
 	_, err := f.restore(name)
 	Expect(err).NotTo(HaveOccurred())
-	same, err := qcow2.Tool{}.Compare(f.ctx, filepath.Join(f.dir, name+".restored.raw"), filepath.Join(f.dir, name+".expected.raw"))
+	same, err := qcow2.Tool{}.Compare(f.ctx, filepath.Join(f.dir, name+".restored.raw"), qcow2.FormatRaw, filepath.Join(f.dir, name+".expected.raw"), qcow2.FormatRaw)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(same).To(BeTrue(), "restored %s differs from the disk at its checkpoint", name)
 }

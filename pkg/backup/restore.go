@@ -145,7 +145,7 @@ func (r *Repository) Restore(ctx context.Context, opts RestoreOptions) (*Restore
 		return nil, fmt.Errorf("restore %s disk %s: %w", opts.VM, opts.Disk, err)
 	}
 	if !opts.SkipVerify {
-		same, err := r.Qemu.Compare(ctx, opts.Target, prev)
+		same, err := r.Qemu.Compare(ctx, opts.Target, qcow2.FormatRaw, prev, qcow2.FormatQcow2)
 		if err != nil {
 			return nil, fmt.Errorf("restore %s disk %s: verify: %w", opts.VM, opts.Disk, err)
 		}

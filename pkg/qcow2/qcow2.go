@@ -300,9 +300,18 @@ func (t Tool) Convert(ctx context.Context, src, srcFormat, dst, dstFormat string
 	return nil
 }
 
-// Compare reports whether two images show the guest the same content.
-func (t Tool) Compare(ctx context.Context, a, b string) (bool, error) {
-	_, err := t.run(ctx, "compare", "-q", a, b)
+// Compare reports whether two images show the guest the same content. An
+// empty format lets qemu-img probe it; name it for raw images, whose first
+// bytes may look like another format's header.
+func (t Tool) Compare(ctx context.Context, a, aFormat, b, bFormat string) (bool, error) {
+	args := []string{"compare", "-q"}
+	if aFormat != "" {
+		args = append(args, "-f", aFormat)
+	}
+	if bFormat != "" {
+		args = append(args, "-F", bFormat)
+	}
+	_, err := t.run(ctx, append(args, a, b)...)
 	var exitErr *ExitError
 	switch {
 	case err == nil:

@@ -140,13 +140,13 @@ var _ = Describe("Tool", func() {
 
 		flat := filepath.Join(dir, "flat.raw")
 		Expect(tool.Convert(ctx, layer, qcow2.FormatQcow2, flat, qcow2.FormatRaw)).To(Succeed())
-		same, err := tool.Compare(ctx, flat, base)
+		same, err := tool.Compare(ctx, flat, qcow2.FormatRaw, base, qcow2.FormatRaw)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(same).To(BeTrue())
 
 		Expect(os.WriteFile(flat, []byte("changed"), 0o644)).To(Succeed())
 		Expect(os.Truncate(flat, 64*mib)).To(Succeed())
-		same, err = tool.Compare(ctx, flat, base)
+		same, err = tool.Compare(ctx, flat, qcow2.FormatRaw, base, qcow2.FormatRaw)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(same).To(BeFalse())
 	})

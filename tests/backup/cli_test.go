@@ -72,7 +72,7 @@ var _ = Describe("the qcow2-backup command", func() {
 		Expect(err).NotTo(HaveOccurred(), stderr)
 		Expect(out).To(ContainSubstring("restored prod/db disk vda onto " + target + " from mon-cp"))
 		Expect(stderr).To(ContainSubstring("download kubevirt-datamover/checkpoints/prod/db/mon-cp/mon-vda.qcow2: 100.0%"))
-		Expect(qcow2.Tool{}.Compare(ctx, target, expected["mon"])).To(BeTrue())
+		Expect(qcow2.Tool{}.Compare(ctx, target, qcow2.FormatRaw, expected["mon"], "")).To(BeTrue())
 
 		out, _, err = cli(ctx, bin, append([]string{"delete", "-backup", "tue"}, storage...)...)
 		Expect(err).NotTo(HaveOccurred())

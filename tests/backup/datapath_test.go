@@ -95,7 +95,7 @@ var _ = Describe("the data path on a real S3 server", func() {
 		target := filepath.Join(work, b+"-"+vm.Name+".raw")
 		_, err := repo.Restore(ctx, backup.RestoreOptions{Backup: b, VM: vm, Disk: "vda", Target: target, WorkDir: work})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(qcow2.Tool{}.Compare(ctx, target, expected)).To(BeTrue())
+		Expect(qcow2.Tool{}.Compare(ctx, target, qcow2.FormatRaw, expected, "")).To(BeTrue())
 	}
 
 	It("keeps both VMs of one backup that finish at the same moment", func() {

@@ -60,11 +60,7 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 		_, err = framework.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", raw, live())
 		Expect(err).NotTo(HaveOccurred())
 		Expect(lv.DefineAndStart(ctx, lv.NewDomain(domName, framework.FileDisk(live(), "qcow2", "vda")))).To(Succeed())
-		DeferCleanup(func(ctx SpecContext) {
-			_, _ = lv.Virsh(ctx, "destroy", domName) // may be shut off already
-			_, err := lv.Virsh(ctx, "undefine", "--checkpoints-metadata", domName)
-			Expect(err).NotTo(HaveOccurred())
-		})
+		DeferCleanup(lv.DestroyAndUndefine, domName)
 	}, NodeTimeout(20*time.Minute))
 
 	expected := func(b string) string { return filepath.Join(work, b+".expected.raw") }
@@ -129,7 +125,7 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 	DescribeTable("restores each backup to the disk as it was at its checkpoint",
 		func(ctx SpecContext, b string, rounds []int) {
 			target := restore(ctx, b)
-			same, err := qcow2.Tool{}.Compare(ctx, target, expected(b))
+			same, err := qcow2.Tool{}.Compare(ctx, target, qcow2.FormatRaw, expected(b), "")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(same).To(BeTrue(), "restored %s differs from the live disk at its checkpoint", b)
 			for _, r := range rounds {
@@ -147,7 +143,7 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 	It("takes a full backup again when asked to", func(ctx SpecContext) {
 		kind, _ := runGuest(ctx, 2, "b4", "-force-full")
 		Expect(kind).To(Equal("full"))
-		same, err := qcow2.Tool{}.Compare(ctx, restore(ctx, "b4"), expected("b4"))
+		same, err := qcow2.Tool{}.Compare(ctx, restore(ctx, "b4"), qcow2.FormatRaw, expected("b4"), "")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(same).To(BeTrue())
 	}, NodeTimeout(5*time.Minute))

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -144,11 +145,11 @@ var _ = Describe("the test guest", func() {
 		Expect(framework.CreateBootDisk(ctx, backing, diskSize, framework.GuestParams{StartLBA: 1})).To(Succeed())
 		backingHash, err := framework.SHA256(backing)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(framework.CreateOverlay(ctx, overlay, backing, "raw")).To(Succeed())
+		Expect(qcow2.Tool{}.CreateOverlay(ctx, overlay, backing, qcow2.FormatRaw, qcow2.CreateOptions{})).To(Succeed())
 		p := guestParams(0x2)
 		Expect(framework.WriteBootSector(ctx, overlay, "qcow2", p)).To(Succeed())
 
-		info, err := framework.QemuImgInfo(ctx, overlay, false)
+		info, err := qcow2.Tool{}.Info(ctx, overlay, qcow2.InfoOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(info.Format).To(Equal("qcow2"))
 		Expect(info.VirtualSize).To(Equal(diskSize))
@@ -167,14 +168,14 @@ var _ = Describe("the test guest", func() {
 		infoBlock, err := daemon.HMP(ctx, name, "info block")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(infoBlock).To(ContainSubstring(overlay))
-		_, err = framework.QemuImgInfo(ctx, overlay, true)
+		_, err = qcow2.Tool{}.Info(ctx, overlay, qcow2.InfoOptions{Shared: true})
 		Expect(err).NotTo(HaveOccurred(), "qemu-img -U reads an image in use")
 
 		Expect(daemon.DestroyAndUndefine(ctx, name)).To(Succeed())
 		Expect(framework.VerifyGuestWrites(ctx, overlay, "qcow2", p)).To(Succeed())
 		Expect(framework.VerifyGuestWrites(ctx, framework.OverlayOnly(overlay, "qcow2"), "", p)).To(Succeed(), "the writes are in the overlay itself")
 		Expect(framework.SHA256(backing)).To(Equal(backingHash))
-		check, err := framework.QemuImgCheck(ctx, overlay, "qcow2", false)
+		check, err := qcow2.Tool{}.Check(ctx, overlay, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(check.Clean()).To(BeTrue(), "%+v", check)
 	}, SpecTimeout(2*time.Minute))
@@ -191,7 +192,7 @@ var _ = Describe("the test guest", func() {
 		dev, err := framework.CreateLoopFile(ctx, loopFile, 4*mib)
 		framework.Require(err, "loop device")
 		DeferCleanup(framework.DetachLoop, dev, NodeTimeout(time.Minute))
-		Expect(framework.CreateOverlay(ctx, dev, backing, "raw")).To(Succeed())
+		Expect(qcow2.Tool{}.CreateOverlay(ctx, dev, backing, qcow2.FormatRaw, qcow2.CreateOptions{})).To(Succeed())
 
 		const name = "overlay-block"
 		disk := framework.WithBackingFile(framework.BlockDisk(dev, "qcow2", "vda"), backing, "raw")
@@ -209,7 +210,7 @@ var _ = Describe("the test guest", func() {
 		Expect(framework.VerifyGuestWrites(ctx, dev, "qcow2", p)).To(Succeed())
 		Expect(framework.VerifyGuestWrites(ctx, framework.OverlayOnly(dev, "qcow2"), "", p)).To(Succeed())
 		Expect(framework.SHA256(backing)).To(Equal(backingHash))
-		check, err := framework.QemuImgCheck(ctx, dev, "qcow2", false)
+		check, err := qcow2.Tool{}.Check(ctx, dev, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(check.Clean()).To(BeTrue(), "%+v", check)
 	}, SpecTimeout(2*time.Minute))

@@ -167,7 +167,8 @@ func (d *Libvirtd) DestroyAndUndefine(ctx context.Context, name string) error {
 			return fmt.Errorf("destroy domain %s: %w", name, err)
 		}
 	}
-	if _, err := d.Virsh(ctx, "undefine", name); err != nil {
+	// Checkpoints (left by backup tests) would otherwise refuse the undefine.
+	if _, err := d.Virsh(ctx, "undefine", "--checkpoints-metadata", name); err != nil {
 		return fmt.Errorf("undefine domain %s: %w", name, err)
 	}
 	return nil
