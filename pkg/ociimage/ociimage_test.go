@@ -1,0 +1,146 @@
+package ociimage_test
+
+import (
+	"archive/tar"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/ociimage"
+)
+
+func TestOCIImage(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "ociimage Suite")
+}
+
+var _ = Describe("Build", func() {
+	var (
+		dir  string
+		bin  string
+		spec ociimage.Spec
+	)
+
+	BeforeEach(func() {
+		dir = GinkgoT().TempDir()
+		bin = filepath.Join(dir, "hook")
+		Expect(os.WriteFile(bin, []byte("\x7fELF a static binary"), 0o700)).To(Succeed())
+		spec = ociimage.Spec{
+			Files:      []ociimage.File{{Path: "/usr/bin/overlay-hook", Source: bin, Mode: 0o755}},
+			Entrypoint: []string{"/usr/bin/overlay-hook"},
+			Labels:     map[string]string{"org.opencontainers.image.title": "overlay-hook"},
+		}
+	})
+
+	It("builds the same digest from the same files, whatever their timestamps", func() {
+		a, err := ociimage.Build(spec)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(os.Chtimes(bin, time.Now(), time.Now().Add(-time.Hour))).To(Succeed())
+		b, err := ociimage.Build(spec)
+		Expect(err).ToNot(HaveOccurred())
+		da, err := a.Digest()
+		Expect(err).ToNot(HaveOccurred())
+		db, err := b.Digest()
+		Expect(err).ToNot(HaveOccurred())
+		Expect(da).To(Equal(db))
+
+		Expect(os.WriteFile(bin, []byte("\x7fELF another binary"), 0o700)).To(Succeed())
+		c, err := ociimage.Build(spec)
+		Expect(err).ToNot(HaveOccurred())
+		dc, err := c.Digest()
+		Expect(err).ToNot(HaveOccurred())
+		Expect(dc).ToNot(Equal(da))
+	})
+
+	It("holds the files with their parents, owned by root, and the config", func() {
+		img, err := ociimage.Build(spec)
+		Expect(err).ToNot(HaveOccurred())
+		mt, err := img.MediaType()
+		Expect(err).ToNot(HaveOccurred())
+		Expect(mt).To(Equal(types.OCIManifestSchema1))
+
+		cfg, err := img.ConfigFile()
+		Expect(err).ToNot(HaveOccurred())
+		Expect(cfg.Config.Entrypoint).To(Equal([]string{"/usr/bin/overlay-hook"}))
+		Expect(cfg.Config.Labels).To(HaveKeyWithValue("org.opencontainers.image.title", "overlay-hook"))
+		Expect(cfg.OS).To(Equal("linux"))
+		Expect(cfg.Architecture).To(Equal("amd64"))
+		Expect(cfg.Created.Unix()).To(BeZero())
+
+		layers, err := img.Layers()
+		Expect(err).ToNot(HaveOccurred())
+		Expect(layers).To(HaveLen(1))
+		lmt, err := layers[0].MediaType()
+		Expect(err).ToNot(HaveOccurred())
+		Expect(lmt).To(Equal(types.OCILayer))
+
+		rc, err := layers[0].Uncompressed()
+		Expect(err).ToNot(HaveOccurred())
+		defer rc.Close()
+		tr := tar.NewReader(rc)
+		var names []string
+		for {
+			hdr, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			Expect(err).ToNot(HaveOccurred())
+			names = append(names, hdr.Name)
+			Expect(hdr.Uid).To(BeZero())
+			Expect(hdr.ModTime.Unix()).To(BeZero())
+			if hdr.Name == "usr/bin/overlay-hook" {
+				Expect(hdr.Mode).To(Equal(int64(0o755)))
+				data, err := io.ReadAll(tr)
+				Expect(err).ToNot(HaveOccurred())
+				Expect(string(data)).To(Equal("\x7fELF a static binary"))
+			}
+		}
+		Expect(names).To(Equal([]string{"usr/", "usr/bin/", "usr/bin/overlay-hook"}))
+	})
+
+	It("writes an OCI layout that reads back with the tag", func() {
+		img, err := ociimage.Build(spec)
+		Expect(err).ToNot(HaveOccurred())
+		out := filepath.Join(dir, "layout")
+		digest, err := ociimage.WriteLayout(out, "kubevirt-qcow2/overlay-hook:dev", img)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(filepath.Join(out, "oci-layout")).To(BeAnExistingFile())
+
+		// Writing again replaces the layout with an identical one.
+		digest2, err := ociimage.WriteLayout(out, "kubevirt-qcow2/overlay-hook:dev", img)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(digest2).To(Equal(digest))
+
+		idx, err := layout.ImageIndexFromPath(out)
+		Expect(err).ToNot(HaveOccurred())
+		m, err := idx.IndexManifest()
+		Expect(err).ToNot(HaveOccurred())
+		Expect(m.Manifests).To(HaveLen(1))
+		Expect(m.Manifests[0].Digest).To(Equal(digest))
+		Expect(m.Manifests[0].Annotations).To(HaveKeyWithValue("org.opencontainers.image.ref.name", "kubevirt-qcow2/overlay-hook:dev"))
+		back, err := idx.Image(digest)
+		Expect(err).ToNot(HaveOccurred())
+		layers, err := back.Layers()
+		Expect(err).ToNot(HaveOccurred())
+		Expect(layers).To(HaveLen(1))
+	})
+
+	DescribeTable("refuses bad file lists",
+		func(files []ociimage.File, message string) {
+			_, err := ociimage.Build(ociimage.Spec{Files: files})
+			Expect(err).To(MatchError(ContainSubstring(message)))
+		},
+		Entry("a relative path", []ociimage.File{{Path: "bin/x", Source: "/dev/null"}}, `"bin/x" is not a clean absolute file path`),
+		Entry("an unclean path", []ociimage.File{{Path: "/bin/../x", Source: "/dev/null"}}, "not a clean absolute"),
+		Entry("a path twice", []ociimage.File{{Path: "/x", Source: "/dev/null"}, {Path: "/x", Source: "/dev/null"}}, "given twice"),
+		Entry("a file used as a directory", []ociimage.File{{Path: "/x", Source: "/dev/null"}, {Path: "/x/y", Source: "/dev/null"}}, "both a file and a directory"),
+		Entry("a missing source", []ociimage.File{{Path: "/x", Source: "/nonexistent/file"}}, "image file /x"),
+	)
+})
