@@ -2,9 +2,9 @@ package hooks_test
 
 import (
 	"context"
-	"fmt"
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
