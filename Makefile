@@ -15,7 +15,7 @@ FUNCTIONAL_TIMEOUT ?= 60m
 # guest boots and writes about ten times faster under TCG: set "qemu" there.
 FUNCTIONAL_VIRT_TYPE ?=
 
-.PHONY: all deps build go-build kubevirt test test-unit test-functional test-upstream bench bench-backup clean
+.PHONY: all deps build go-build kubevirt test test-unit test-functional test-upstream bench bench-backup bench-thinp clean
 
 all: deps build
 
@@ -57,10 +57,13 @@ test-upstream:
 
 # Benchmarks compare alternatives side by side in one run and print ratios;
 # they need root, like the functional suites, and ~20 GiB free in /tmp.
-bench: bench-backup
+bench: bench-backup bench-thinp
 
 bench-backup:
 	$(GO) test -tags bench -count=1 -timeout 40m -run 'TestBackupDataPath|TestChild' -v ./tests/backup/bench
+
+bench-thinp:
+	$(GO) test -tags bench -count=1 -timeout 40m -v ./tests/thinp/bench
 
 clean:
 	rm -rf $(OUT) _build

@@ -103,7 +103,7 @@ func (o InfoOptions) args(subcommand, path string) []string {
 		args = append(args, "-U")
 	}
 	if o.NoBacking {
-		return append(args, jsonFilename(path, o.Format))
+		return append(args, WithoutBacking(path, o.Format))
 	}
 	if o.Format != "" {
 		args = append(args, "-f", o.Format)
@@ -124,15 +124,21 @@ func (t Tool) Info(ctx context.Context, path string, opts InfoOptions) (*Info, e
 	return info, nil
 }
 
-// jsonFilename names an image so that qemu-img opens it without its backing.
-func jsonFilename(path, format string) string {
+// WithoutBacking names an image (file or block device) so that qemu-img and
+// qemu-io open it alone: its backing file is recorded but not opened. An
+// empty format means qcow2.
+func WithoutBacking(path, format string) string {
 	if format == "" {
 		format = FormatQcow2
+	}
+	protocol := "file"
+	if isBlockDevice(path) {
+		protocol = "host_device"
 	}
 	spec, _ := json.Marshal(map[string]any{
 		"driver":  format,
 		"backing": nil,
-		"file":    map[string]string{"driver": "file", "filename": path},
+		"file":    map[string]string{"driver": protocol, "filename": path},
 	})
 	return "json:" + string(spec)
 }

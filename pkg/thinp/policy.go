@@ -188,8 +188,6 @@ func alignUp(n, to int64) int64 {
 // device a running QEMU may hold): its virtual size and cluster layout are
 // read from the image.
 func MaximumSizeOf(ctx context.Context, tool qcow2.Tool, path string) (int64, error) {
-	// Not NoBacking: qcow2.Tool names the image through the "file"
-	// protocol then, which refuses block devices.
 	info, err := tool.Info(ctx, path, qcow2.InfoOptions{Format: qcow2.FormatQcow2, Shared: true})
 	if err != nil {
 		return 0, fmt.Errorf("maximum size of %s: %w", path, err)

@@ -173,7 +173,7 @@ var _ = Describe("the test guest", func() {
 
 		Expect(daemon.DestroyAndUndefine(ctx, name)).To(Succeed())
 		Expect(framework.VerifyGuestWrites(ctx, overlay, "qcow2", p)).To(Succeed())
-		Expect(framework.VerifyGuestWrites(ctx, framework.OverlayOnly(overlay, "qcow2"), "", p)).To(Succeed(), "the writes are in the overlay itself")
+		Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(overlay, qcow2.FormatQcow2), "", p)).To(Succeed(), "the writes are in the overlay itself")
 		Expect(framework.SHA256(backing)).To(Equal(backingHash))
 		check, err := qcow2.Tool{}.Check(ctx, overlay, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
 		Expect(err).NotTo(HaveOccurred())
@@ -208,11 +208,13 @@ var _ = Describe("the test guest", func() {
 
 		Expect(daemon.DestroyAndUndefine(ctx, name)).To(Succeed())
 		Expect(framework.VerifyGuestWrites(ctx, dev, "qcow2", p)).To(Succeed())
-		Expect(framework.VerifyGuestWrites(ctx, framework.OverlayOnly(dev, "qcow2"), "", p)).To(Succeed())
+		Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(dev, qcow2.FormatQcow2), "", p)).To(Succeed())
 		Expect(framework.SHA256(backing)).To(Equal(backingHash))
-		check, err := qcow2.Tool{}.Check(ctx, dev, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(check.Clean()).To(BeTrue(), "%+v", check)
+		for _, opts := range []qcow2.InfoOptions{{Format: qcow2.FormatQcow2}, {Format: qcow2.FormatQcow2, NoBacking: true}} {
+			check, err := qcow2.Tool{}.Check(ctx, dev, opts)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(check.Clean()).To(BeTrue(), "%+v", check)
+		}
 	}, SpecTimeout(2*time.Minute))
 })
 

@@ -69,17 +69,6 @@ func QemuImg(ctx context.Context, args ...string) (string, error) {
 	return run(ctx, "qemu-img", args...)
 }
 
-// OverlayOnly names an image for qemu-img and qemu-io without its backing
-// chain, so reads show only what the image itself holds.
-func OverlayOnly(path, format string) string {
-	spec, _ := json.Marshal(map[string]any{
-		"driver":  format,
-		"file":    map[string]string{"filename": path},
-		"backing": nil,
-	})
-	return "json:" + string(spec)
-}
-
 // ReadSectors reads count sectors from lba on of an image of any format,
 // through its backing chain, and also from a json: name (format empty). It
 // opens the image shared (-U); a qcow2 image a running QEMU writes may show
