@@ -12,10 +12,10 @@ import (
 
 // Ways to fingerprint a backing image.
 const (
-	// IdentitySampled hashes the size, the first and last MiB and 62
-	// evenly spaced 64 KiB blocks: a few MiB read whatever the size, which
-	// catches a replaced or reformatted image but not a change confined to
-	// blocks it does not read.
+	// IdentitySampled hashes the size, the first and last 256 KiB and 254
+	// evenly spaced 4 KiB blocks: 1.5 MiB read whatever the size, which
+	// catches a replaced, resized or reformatted image but not a change
+	// confined to blocks it does not read.
 	IdentitySampled = "sampled-sha256"
 	// IdentityFull hashes every byte: exact, and as slow as reading the
 	// whole image.
@@ -23,9 +23,9 @@ const (
 )
 
 const (
-	sampleEdge    = 1 << 20
-	sampleBlock   = 64 << 10
-	sampleBetween = 62
+	sampleEdge    = 256 << 10
+	sampleBlock   = 4 << 10
+	sampleBetween = 254
 )
 
 // Identity fingerprints a backing image's bytes, so that an overlay is
@@ -51,7 +51,7 @@ func Identify(ctx context.Context, path, method string) (Identity, error) {
 	_ = binary.Write(h, binary.BigEndian, size)
 	switch method {
 	case IdentityFull:
-		err = copyWithContext(ctx, h, io.NewSectionReader(f, 0, size))
+		err = copyWithContext(ctx, h, f, size)
 	case IdentitySampled:
 		err = hashSamples(ctx, h, f, size)
 	default:
@@ -64,41 +64,54 @@ func Identify(ctx context.Context, path, method string) (Identity, error) {
 }
 
 func hashSamples(ctx context.Context, w io.Writer, r io.ReaderAt, size int64) error {
+	buf := make([]byte, sampleEdge)
 	if size <= 2*sampleEdge+sampleBetween*sampleBlock {
-		return copyWithContext(ctx, w, io.NewSectionReader(r, 0, size))
+		return hashRange(ctx, w, r, 0, size, buf)
 	}
-	if err := copyWithContext(ctx, w, io.NewSectionReader(r, 0, sampleEdge)); err != nil {
+	if err := hashRange(ctx, w, r, 0, sampleEdge, buf); err != nil {
 		return err
 	}
 	// Evenly spaced between the edges, aligned to 4 KiB.
 	span := size - 2*sampleEdge - sampleBlock
 	for i := int64(1); i <= sampleBetween; i++ {
 		off := sampleEdge + (span*i/(sampleBetween+1))&^4095
-		if err := copyWithContext(ctx, w, io.NewSectionReader(r, off, sampleBlock)); err != nil {
+		if err := hashRange(ctx, w, r, off, sampleBlock, buf); err != nil {
 			return err
 		}
 	}
-	return copyWithContext(ctx, w, io.NewSectionReader(r, size-sampleEdge, sampleEdge))
+	return hashRange(ctx, w, r, size-sampleEdge, sampleEdge, buf)
 }
 
-// copyWithContext copies in 1 MiB steps and stops when ctx is done.
-func copyWithContext(ctx context.Context, w io.Writer, r io.Reader) error {
-	buf := make([]byte, 1<<20)
-	for {
+// copyWithContext copies r to w in 1 MiB steps and stops when ctx is done.
+func copyWithContext(ctx context.Context, w io.Writer, r io.ReaderAt, size int64) error {
+	return hashRange(ctx, w, r, 0, size, make([]byte, 1<<20))
+}
+
+// hashRange copies [off, off+n) of r to w through buf, checking ctx
+// between reads.
+func hashRange(ctx context.Context, w io.Writer, r io.ReaderAt, off, n int64, buf []byte) error {
+	for n > 0 {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		n, err := r.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
+		chunk := buf
+		if int64(len(chunk)) > n {
+			chunk = chunk[:n]
+		}
+		read, err := r.ReadAt(chunk, off)
+		if read > 0 {
+			if _, werr := w.Write(chunk[:read]); werr != nil {
 				return werr
 			}
+			off += int64(read)
+			n -= int64(read)
 		}
-		if err == io.EOF {
-			return nil
+		if err == io.EOF && n > 0 {
+			return io.ErrUnexpectedEOF
 		}
-		if err != nil {
+		if err != nil && err != io.EOF {
 			return err
 		}
 	}
+	return nil
 }

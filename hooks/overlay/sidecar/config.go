@@ -176,8 +176,8 @@ func checkRelativePath(p string) error {
 		return fmt.Errorf("%q leaves the overlay PVC", p)
 	case strings.HasSuffix(p, overlay.RecordSuffix):
 		return fmt.Errorf("%q ends like an overlay record", p)
-	case strings.ContainsRune(p, 0):
-		return fmt.Errorf("%q contains a NUL byte", p)
+	case !xmlText(p) || strings.ContainsAny(p, "\t\n\r"):
+		return fmt.Errorf("%q contains characters a domain XML cannot carry", p)
 	}
 	return nil
 }

@@ -58,6 +58,7 @@ var _ = Describe("ParseConfig", func() {
 		Entry("a path leaving the PVC", `{"disks":[{"name":"a","persistent":true,"path":"../a.qcow2"}]}`, "leaves the overlay PVC"),
 		Entry("an unclean path", `{"disks":[{"name":"a","persistent":true,"path":"x/../../a"}]}`, "is not a clean path"),
 		Entry("a record's name", `{"disks":[{"name":"a","persistent":true,"path":"a.overlay.json"}]}`, "ends like an overlay record"),
+		Entry("a control character in a path", `{"disks":[{"name":"a","persistent":true,"path":"a\u0001b"}]}`, "characters a domain XML cannot carry"),
 		Entry("one path for two disks", `{"disks":[{"name":"a","persistent":true,"path":"x"},{"name":"b","persistent":true,"path":"x"}]}`, `is also the path of disk "a"`),
 		Entry("a negative size", `{"disks":[{"name":"a","size":-1}]}`, `invalid size "-1"`),
 		Entry("a size with a decimal suffix", `{"disks":[{"name":"a","size":"20G"}]}`, `invalid size "20G"`),

@@ -8,6 +8,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"libvirt.org/go/libvirtxml"
 )
@@ -177,6 +178,9 @@ func editDomain(doc []byte, disks map[string]*domainDisk, edits []diskEdit) ([]b
 // original source as its backing store; every other part of the disk,
 // KubeVirt's own children included, is kept.
 func overlayDisk(dd *domainDisk, e diskEdit) ([]byte, error) {
+	if !xmlText(e.Overlay) {
+		return nil, fmt.Errorf("overlay path %q cannot be written in XML", e.Overlay)
+	}
 	disk := dd.disk
 	if disk.Driver == nil {
 		disk.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu"}
@@ -215,6 +219,22 @@ func overlayDisk(dd *domainDisk, e diskEdit) ([]byte, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// xmlText reports whether s survives XML: valid UTF-8 made of characters
+// XML 1.0 allows.
+func xmlText(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		switch {
+		case r == '\t' || r == '\n' || r == '\r':
+		case r < 0x20, r >= 0xd800 && r < 0xe000, r == 0xfffe, r == 0xffff:
+			return false
+		}
+	}
+	return true
 }
 
 // sourcePath is the file or block device a disk source names, or "" for
