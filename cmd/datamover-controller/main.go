@@ -1,0 +1,93 @@
+// Command datamover-controller runs the KubeVirt data mover's DataUpload and
+// DataDownload controllers for Velero.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2/textlogger"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "datamover-controller: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		cfg         datamover.Config
+		namespace   string
+		metrics     string
+		probes      string
+		leaderElect bool
+		pullPolicy  string
+	)
+	hostname, _ := os.Hostname()
+	flag.StringVar(&namespace, "namespace", "velero", "Velero's namespace (DataUploads, DataDownloads, locations); empty for all")
+	flag.StringVar(&cfg.Identity, "identity", envOr("POD_NAME", hostname), "name reported in status.acceptedByNode")
+	flag.StringVar(&cfg.Image, "image", "", "image of the upload and restore pods (holds datamover-upload)")
+	flag.StringVar(&cfg.Command, "command", "/usr/bin/datamover-upload", "datamover-upload's path in the image")
+	flag.StringVar(&pullPolicy, "image-pull-policy", string(corev1.PullIfNotPresent), "pull policy of the pods' image")
+	flag.StringVar(&cfg.PodServiceAccount, "pod-service-account", "", "service account of the pods in the VM's namespace (enables progress reports)")
+	flag.DurationVar(&cfg.DefaultTimeout, "default-timeout", 4*time.Hour, "timeout when spec.operationTimeout is zero")
+	flag.IntVar(&cfg.MaxChainLength, "max-chain-length", 0, "most layers of a chain, the full base included; 0 for no cap")
+	flag.StringVar(&cfg.StorageClass, "storage-class", "", "storage class of the temporary volumes; empty for the default")
+	flag.StringVar(&metrics, "metrics-bind-address", ":8080", "metrics endpoint; 0 to disable")
+	flag.StringVar(&probes, "health-probe-bind-address", ":8081", "health probe endpoint; 0 to disable")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "elect a leader among replicas")
+	logCfg := textlogger.NewConfig()
+	logCfg.AddFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(textlogger.NewLogger(logCfg))
+	if cfg.Image == "" {
+		return fmt.Errorf("-image is required")
+	}
+	cfg.ImagePullPolicy = corev1.PullPolicy(pullPolicy)
+
+	scheme, err := datamover.NewScheme()
+	if err != nil {
+		return err
+	}
+	restCfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                  scheme,
+		Cache:                   datamover.CacheOptions(namespace),
+		Metrics:                 metricsserver.Options{BindAddress: metrics},
+		HealthProbeBindAddress:  probes,
+		LeaderElection:          leaderElect,
+		LeaderElectionID:        "kubevirt-datamover-controller",
+		LeaderElectionNamespace: namespace,
+	})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	ctx := ctrl.SetupSignalHandler()
+	if err := datamover.Setup(ctx, mgr, cfg); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("health check: %w", err)
+	}
+	return mgr.Start(ctx)
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

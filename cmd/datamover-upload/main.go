@@ -1,0 +1,109 @@
+// Command datamover-upload runs in the pods of the KubeVirt data mover:
+// "upload" stores the qcow2 files of a VirtualMachineBackup in the backup
+// storage location, "restore" rebuilds a disk from a backup onto a volume.
+// It reports its result in the termination message, and its progress in the
+// DataUpload's or DataDownload's status when the pod has an API token.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
+)
+
+const (
+	terminationLog   = "/dev/termination-log"
+	progressInterval = 5 * time.Second
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	msg, err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		msg = err.Error()
+	}
+	fmt.Println(msg)
+	if werr := os.WriteFile(terminationLog, []byte(msg), 0o644); werr != nil && !errors.Is(werr, os.ErrNotExist) {
+		fmt.Fprintf(os.Stderr, "datamover-upload: write %s: %v\n", terminationLog, werr)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "datamover-upload: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) (string, error) {
+	if len(args) == 0 {
+		return "", errors.New("usage: datamover-upload upload|restore [flags]")
+	}
+	switch args[0] {
+	case mover.CommandUpload:
+		o, err := mover.ParseUpload(args[1:], os.Getenv)
+		if err != nil {
+			return "", err
+		}
+		repo, err := mover.Repository(o.BSL, o.Credentials)
+		if err != nil {
+			return "", err
+		}
+		res, err := mover.Upload(ctx, repo, o, progress(ctx, o.Progress, &velerov2.DataUpload{}, progressInterval))
+		if err != nil {
+			return "", err
+		}
+		return mover.EncodeResult(res)
+	case mover.CommandRestore:
+		o, err := mover.ParseRestore(args[1:], os.Getenv)
+		if err != nil {
+			return "", err
+		}
+		repo, err := mover.Repository(o.BSL, o.Credentials)
+		if err != nil {
+			return "", err
+		}
+		res, err := mover.Restore(ctx, repo, o, progress(ctx, o.Progress, &velerov2.DataDownload{}, progressInterval))
+		if err != nil {
+			return "", err
+		}
+		return mover.EncodeResult(res)
+	default:
+		return "", fmt.Errorf("unknown command %q: want upload or restore", args[0])
+	}
+}
+
+// progress patches the owner's status when the pod may; otherwise progress
+// is only in the final result.
+func progress(ctx context.Context, ref mover.ObjectRef, obj client.Object, interval time.Duration) mover.ProgressFunc {
+	if ref.Name == "" {
+		return nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil
+	}
+	scheme, err := datamover.NewScheme()
+	if err != nil {
+		return nil
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "datamover-upload: no progress reports: %v\n", err)
+		return nil
+	}
+	obj.SetNamespace(ref.Namespace)
+	obj.SetName(ref.Name)
+	r := &mover.StatusReporter{Client: c, Object: obj, Interval: interval,
+		Warn: func(err error) { fmt.Fprintf(os.Stderr, "datamover-upload: %v\n", err) }}
+	return r.Func(ctx)
+}

@@ -1,0 +1,351 @@
+package datamover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
+	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
+)
+
+// DataDownloadReconciler drives DataDownloads of spec.datamover "kubevirt":
+// it restores one disk of a VM, as the backup its snapshot ID names saved
+// it, into the target claim.
+//
+//	New         the snapshot ID parses: Accepted
+//	Accepted    the location is Available, the target claim exists and the
+//	            backup holds the disk: the restore pod is created, Prepared
+//	Prepared    the pod runs: InProgress
+//	InProgress  the pod succeeded: Completed, else Failed
+//
+// Cancellation and timeouts work as for DataUploads; the pod and the
+// credentials copy are deleted at the end.
+type DataDownloadReconciler struct {
+	Client   client.Client
+	Reader   client.Reader
+	Recorder record.EventRecorder
+	Config   Config
+	Now      func() time.Time
+}
+
+type downloadJob struct {
+	dd     *velerov2.DataDownload
+	vm     catalog.VM
+	backup string
+	disk   string
+	// name of the pod and the credentials copy in the target namespace.
+	name string
+}
+
+func (j *downloadJob) targetNamespace() string {
+	if ns := j.dd.Spec.TargetVolume.Namespace; ns != "" {
+		return ns
+	}
+	return j.dd.Spec.SourceNamespace
+}
+
+func (j *downloadJob) key() client.ObjectKey {
+	return client.ObjectKey{Namespace: j.targetNamespace(), Name: j.name}
+}
+
+func (j *downloadJob) meta() metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: j.name, Namespace: j.targetNamespace(),
+		Labels: ownerLabels(KindDataDownload, j.dd.UID), Annotations: ownerAnnotations(j.dd.Namespace, j.dd.Name)}
+}
+
+func isOurDownload(o client.Object) bool {
+	dd, ok := o.(*velerov2.DataDownload)
+	return ok && dd.Spec.DataMover == DataMover
+}
+
+func downloadDone(p velerov2.DataDownloadPhase) bool {
+	return p == velerov2.DataDownloadPhaseCompleted || p == velerov2.DataDownloadPhaseFailed || p == velerov2.DataDownloadPhaseCanceled
+}
+
+// SetupWithManager registers the controller and its watches.
+func (r *DataDownloadReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.Config.defaults()
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	err := ctrl.NewControllerManagedBy(mgr).Named("kubevirt-datadownload").
+		For(&velerov2.DataDownload{}, builder.WithPredicates(predicate.NewPredicateFuncs(isOurDownload))).
+		Watches(&velerov1.BackupStorageLocation{}, handler.EnqueueRequestsFromMapFunc(r.usersOfLocation)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataDownload))).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("set up the DataDownload controller: %w", err)
+	}
+	return nil
+}
+
+func (r *DataDownloadReconciler) usersOfLocation(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &velerov2.DataDownloadList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, dd := range list.Items {
+		if dd.Spec.DataMover == DataMover && dd.Spec.BackupStorageLocation == o.GetName() && !downloadDone(dd.Status.Phase) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: nn(dd.Namespace, dd.Name)})
+		}
+	}
+	return reqs
+}
+
+// Reconcile moves one DataDownload on.
+func (r *DataDownloadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	dd := &velerov2.DataDownload{}
+	if err := r.Client.Get(ctx, req.NamespacedName, dd); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if dd.Spec.DataMover != DataMover {
+		return ctrl.Result{}, nil
+	}
+	backupName, ns, vm, err := ParseSnapshotID(dd.Spec.SnapshotID)
+	if err != nil {
+		if downloadDone(dd.Status.Phase) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, r.setStatus(ctx, dd, corev1.EventTypeWarning, "Failed", err.Error(), func(s *velerov2.DataDownloadStatus) {
+			r.end(s, velerov2.DataDownloadPhaseFailed)
+		})
+	}
+	j := &downloadJob{dd: dd, vm: catalog.VM{Namespace: ns, Name: vm}, backup: backupName,
+		disk: dd.Spec.TargetVolume.PVC, name: childName("kubevirt-restore", dd.Name)}
+	if d := dd.Spec.DataMoverConfig[ConfigDisk]; d != "" {
+		j.disk = d
+	}
+	if downloadDone(dd.Status.Phase) {
+		return ctrl.Result{}, r.cleanup(ctx, j)
+	}
+	if dd.Spec.Cancel || dd.Status.Phase == velerov2.DataDownloadPhaseCanceling {
+		return r.cancel(ctx, j)
+	}
+	end, timeout := deadline(dd.CreationTimestamp, dd.Spec.OperationTimeout, r.Config.DefaultTimeout)
+	left := end.Sub(r.Now())
+	if left <= 0 {
+		return r.fail(ctx, j, fmt.Sprintf("timed out after %s in phase %s", timeout, downloadPhaseName(dd.Status.Phase)))
+	}
+	switch dd.Status.Phase {
+	case "", velerov2.DataDownloadPhaseNew:
+		msg := fmt.Sprintf("accepted restore of disk %s of %s from backup %s", j.disk, j.vm, j.backup)
+		err = r.setStatus(ctx, dd, corev1.EventTypeNormal, "Accepted", msg, func(s *velerov2.DataDownloadStatus) {
+			s.Phase = velerov2.DataDownloadPhaseAccepted
+			s.AcceptedByNode = r.Config.Identity
+			s.AcceptedTimestamp = r.now()
+		})
+	case velerov2.DataDownloadPhaseAccepted:
+		err = r.prepare(ctx, j)
+	case velerov2.DataDownloadPhasePrepared, velerov2.DataDownloadPhaseInProgress:
+		err = r.restore(ctx, j)
+	}
+	res := ctrl.Result{}
+	var wait *errWait
+	var fat *errFatal
+	switch {
+	case errors.As(err, &fat):
+		return r.fail(ctx, j, fat.message)
+	case errors.As(err, &wait):
+		if dd.Status.Message != wait.message {
+			if serr := r.setStatus(ctx, dd, corev1.EventTypeNormal, wait.reason, wait.message, func(*velerov2.DataDownloadStatus) {}); serr != nil {
+				return ctrl.Result{}, serr
+			}
+		}
+		res.RequeueAfter = wait.after
+	case err != nil:
+		return ctrl.Result{}, err
+	}
+	if res.RequeueAfter == 0 || res.RequeueAfter > left {
+		res.RequeueAfter = left
+	}
+	return res, nil
+}
+
+func downloadPhaseName(p velerov2.DataDownloadPhase) string {
+	if p == "" {
+		return string(velerov2.DataDownloadPhaseNew)
+	}
+	return string(p)
+}
+
+// prepare checks the location, the target and the backup, then starts the
+// restore pod.
+func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) error {
+	bsl, err := availableLocation(ctx, r.Client, j.dd.Namespace, j.dd.Spec.BackupStorageLocation, r.Config.PollInterval)
+	if err != nil {
+		return err
+	}
+	target := &corev1.PersistentVolumeClaim{}
+	tkey := client.ObjectKey{Namespace: j.targetNamespace(), Name: j.dd.Spec.TargetVolume.PVC}
+	if err := r.Reader.Get(ctx, tkey, target); err != nil {
+		if apierrors.IsNotFound(err) {
+			return waitFor("WaitingForTarget", r.Config.PollInterval, "waiting for target claim %s", tkey)
+		}
+		return fmt.Errorf("get target claim %s: %w", tkey, err)
+	}
+	loc, err := loadLocation(ctx, r.Reader, bsl)
+	if err != nil {
+		return waitFor("BackupStorageLocationUnavailable", r.Config.PollInterval, "waiting: %v", err)
+	}
+	repo, err := loc.open()
+	if err != nil {
+		return fatal("%v", err)
+	}
+	chain, err := repo.ResolveChain(ctx, j.backup, j.vm)
+	if err != nil {
+		return fatal("backup %s of %s: %v", j.backup, j.vm, err)
+	}
+	for _, c := range chain {
+		found := false
+		for _, f := range c.Files {
+			found = found || f.DiskName == j.disk
+		}
+		if !found {
+			return fatal("backup %s of %s holds no disk %s (checkpoint %s)", j.backup, j.vm, j.disk, c.ID)
+		}
+	}
+	if err := r.Client.Create(ctx, credentialsSecret(j.meta(), loc.credentials)); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("copy the location's credentials to %s: %w", j.key(), err)
+	}
+	opts := mover.RestoreOptions{VM: j.vm, Backup: j.backup, Disk: j.disk, Target: restoreTarget(target),
+		WorkDir: PodWorkDir, Credentials: credentialsFile(), BSL: loc.manifest,
+		Progress: mover.ObjectRef{Namespace: j.dd.Namespace, Name: j.dd.Name}}
+	pod := r.Config.restorePod(j.meta(), j.name, target, opts.Args(), opts.Env())
+	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create restore pod %s: %w", j.key(), err)
+	}
+	msg := fmt.Sprintf("restore pod %s writes disk %s from a chain of %d into %s", j.key(), j.disk, len(chain), tkey)
+	return r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "Prepared", msg, func(s *velerov2.DataDownloadStatus) {
+		s.Phase = velerov2.DataDownloadPhasePrepared
+	})
+}
+
+func (r *DataDownloadReconciler) restore(ctx context.Context, j *downloadJob) error {
+	pod := &corev1.Pod{}
+	if err := r.Client.Get(ctx, j.key(), pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fatal("restore pod %s disappeared", j.key())
+		}
+		return fmt.Errorf("get restore pod %s: %w", j.key(), err)
+	}
+	finished, succeeded, message := podOutcome(pod)
+	switch {
+	case !finished:
+		if pod.Status.Phase == corev1.PodRunning && j.dd.Status.Phase == velerov2.DataDownloadPhasePrepared {
+			return r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "RestoreStarted", fmt.Sprintf("restore pod %s is running", j.key()),
+				func(s *velerov2.DataDownloadStatus) {
+					s.Phase = velerov2.DataDownloadPhaseInProgress
+					s.StartTimestamp = r.now()
+					s.Node = pod.Spec.NodeName
+				})
+		}
+		return nil
+	case !succeeded:
+		return fatal("restore pod %s failed: %s", j.key(), firstLine(message))
+	}
+	res, err := mover.DecodeRestoreResult(message)
+	if err != nil {
+		return fatal("%v", err)
+	}
+	msg := fmt.Sprintf("restored disk %s of %s from backup %s (chain of %d, %d bytes) into claim %s/%s",
+		j.disk, j.vm, j.backup, len(res.Chain), res.Bytes, j.targetNamespace(), j.dd.Spec.TargetVolume.PVC)
+	if err := r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "Completed", msg, func(s *velerov2.DataDownloadStatus) {
+		r.end(s, velerov2.DataDownloadPhaseCompleted)
+		s.Progress.TotalBytes, s.Progress.BytesDone = res.Bytes, res.Bytes
+	}); err != nil {
+		return err
+	}
+	return r.cleanup(ctx, j)
+}
+
+func (r *DataDownloadReconciler) cancel(ctx context.Context, j *downloadJob) (ctrl.Result, error) {
+	switch j.dd.Status.Phase {
+	case velerov2.DataDownloadPhaseAccepted, velerov2.DataDownloadPhasePrepared, velerov2.DataDownloadPhaseInProgress:
+		return ctrl.Result{Requeue: true}, r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "Canceling", "canceling", func(s *velerov2.DataDownloadStatus) {
+			s.Phase = velerov2.DataDownloadPhaseCanceling
+		})
+	}
+	if err := r.deleteTemporaries(ctx, j); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "Canceled", "canceled", func(s *velerov2.DataDownloadStatus) {
+		r.end(s, velerov2.DataDownloadPhaseCanceled)
+	}); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, r.cleanup(ctx, j)
+}
+
+func (r *DataDownloadReconciler) fail(ctx context.Context, j *downloadJob, msg string) (ctrl.Result, error) {
+	if err := r.setStatus(ctx, j.dd, corev1.EventTypeWarning, "Failed", msg, func(s *velerov2.DataDownloadStatus) {
+		r.end(s, velerov2.DataDownloadPhaseFailed)
+	}); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, r.cleanup(ctx, j)
+}
+
+func (r *DataDownloadReconciler) end(s *velerov2.DataDownloadStatus, phase velerov2.DataDownloadPhase) {
+	s.Phase = phase
+	if s.StartTimestamp == nil {
+		s.StartTimestamp = r.now()
+	}
+	s.CompletionTimestamp = r.now()
+}
+
+func (r *DataDownloadReconciler) cleanup(ctx context.Context, j *downloadJob) error {
+	if j.dd.Annotations[AnnotationCleanedUp] == "true" {
+		return nil
+	}
+	if err := r.deleteTemporaries(ctx, j); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(j.dd.DeepCopy())
+	if j.dd.Annotations == nil {
+		j.dd.Annotations = map[string]string{}
+	}
+	j.dd.Annotations[AnnotationCleanedUp] = "true"
+	if err := r.Client.Patch(ctx, j.dd, patch); err != nil {
+		return fmt.Errorf("mark DataDownload %s cleaned up: %w", client.ObjectKeyFromObject(j.dd), err)
+	}
+	return nil
+}
+
+func (r *DataDownloadReconciler) deleteTemporaries(ctx context.Context, j *downloadJob) error {
+	meta := metav1.ObjectMeta{Name: j.name, Namespace: j.targetNamespace()}
+	return deleteAll(ctx, r.Client, &corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta})
+}
+
+func (r *DataDownloadReconciler) setStatus(ctx context.Context, dd *velerov2.DataDownload, eventType, reason, msg string, change func(*velerov2.DataDownloadStatus)) error {
+	patch := client.MergeFromWithOptions(dd.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	change(&dd.Status)
+	dd.Status.Message = msg
+	if err := r.Client.Patch(ctx, dd, patch); err != nil {
+		return fmt.Errorf("update status of DataDownload %s: %w", client.ObjectKeyFromObject(dd), err)
+	}
+	log.FromContext(ctx).Info(msg, "phase", dd.Status.Phase)
+	r.Recorder.Event(dd, eventType, reason, msg)
+	return nil
+}
+
+func (r *DataDownloadReconciler) now() *metav1.Time {
+	t := metav1.NewTime(r.Now())
+	return &t
+}

@@ -1,0 +1,795 @@
+package datamover
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
+	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/record"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
+)
+
+// indexVM indexes DataUploads by "<namespace>/<name>" of their VM.
+const indexVM = "kubevirt-datamover.io/vm"
+
+// AnnotationDisks on the VirtualMachineBackup records the volumes and their
+// claims as they were when the backup began: "<volume>=<claim>:<size>,...".
+const AnnotationDisks = "kubevirt-datamover.io/disks"
+
+// DataUploadReconciler drives DataUploads of spec.datamover "kubevirt":
+//
+//	New         the VM is running: Accepted
+//	Accepted    one active backup per VM, oldest first; the location is
+//	            Available; tracker, plan, temporary volume and
+//	            VirtualMachineBackup; when KubeVirt has written the files:
+//	            Prepared
+//	Prepared    the upload pod is created; once it runs: InProgress
+//	InProgress  the pod succeeded: Completed, else Failed
+//
+// spec.cancel moves a live upload through Canceling to Canceled, and
+// spec.operationTimeout (counted from creation) to Failed; every end deletes
+// the temporary volume, the VirtualMachineBackup, the pod and the
+// credentials copy. The tracker stays: it holds KubeVirt's checkpoint for the
+// next incremental.
+type DataUploadReconciler struct {
+	// Client reads through the manager's cache and writes.
+	Client client.Client
+	// Reader reads from the API server what is not cached: VMs, claims,
+	// secrets.
+	Reader   client.Reader
+	Recorder record.EventRecorder
+	Config   Config
+	Now      func() time.Time
+}
+
+// uploadJob is a DataUpload and the names of what it creates.
+type uploadJob struct {
+	du     *velerov2.DataUpload
+	vm     catalog.VM
+	backup string
+	// name is used for the temporary volume, the VirtualMachineBackup, the
+	// pod and the credentials copy, all in the VM's namespace.
+	name string
+}
+
+func (j *uploadJob) meta() metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: j.name, Namespace: j.vm.Namespace,
+		Labels: ownerLabels(KindDataUpload, j.du.UID), Annotations: ownerAnnotations(j.du.Namespace, j.du.Name)}
+}
+
+func (j *uploadJob) key() client.ObjectKey {
+	return client.ObjectKey{Namespace: j.vm.Namespace, Name: j.name}
+}
+
+// vmOf reads the VM a DataUpload is for.
+func vmOf(du *velerov2.DataUpload) (catalog.VM, error) {
+	name := du.Annotations[AnnotationVMName]
+	ns := du.Annotations[AnnotationVMNamespace]
+	if ns == "" {
+		ns = du.Spec.SourceNamespace
+	}
+	if name == "" || ns == "" {
+		return catalog.VM{}, fmt.Errorf("DataUpload names no VirtualMachine: annotation %s (and %s or spec.sourceNamespace) required",
+			AnnotationVMName, AnnotationVMNamespace)
+	}
+	return catalog.VM{Namespace: ns, Name: name}, nil
+}
+
+func isOurUpload(o client.Object) bool {
+	du, ok := o.(*velerov2.DataUpload)
+	return ok && du.Spec.DataMover == DataMover
+}
+
+func uploadDone(p velerov2.DataUploadPhase) bool {
+	return p == velerov2.DataUploadPhaseCompleted || p == velerov2.DataUploadPhaseFailed || p == velerov2.DataUploadPhaseCanceled
+}
+
+// SetupWithManager registers the controller, its index and watches.
+func (r *DataUploadReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	r.Config.defaults()
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &velerov2.DataUpload{}, indexVM, func(o client.Object) []string {
+		du := o.(*velerov2.DataUpload)
+		if du.Spec.DataMover != DataMover {
+			return nil
+		}
+		vm, err := vmOf(du)
+		if err != nil {
+			return nil
+		}
+		return []string{vm.String()}
+	}); err != nil {
+		return fmt.Errorf("index DataUploads by VM: %w", err)
+	}
+	err := ctrl.NewControllerManagedBy(mgr).Named("kubevirt-dataupload").
+		For(&velerov2.DataUpload{}, builder.WithPredicates(predicate.NewPredicateFuncs(isOurUpload))).
+		Watches(&velerov2.DataUpload{}, handler.EnqueueRequestsFromMapFunc(r.siblings)).
+		Watches(&velerov1.BackupStorageLocation{}, handler.EnqueueRequestsFromMapFunc(r.usersOfLocation)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataUpload))).
+		Watches(newUnstructured(VMBackupGVK), handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataUpload))).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("set up the DataUpload controller: %w", err)
+	}
+	return nil
+}
+
+// siblings wakes the other live DataUploads of a VM when one changes, so the
+// next in line starts when the active one ends.
+func (r *DataUploadReconciler) siblings(ctx context.Context, o client.Object) []reconcile.Request {
+	du, ok := o.(*velerov2.DataUpload)
+	if !ok || du.Spec.DataMover != DataMover {
+		return nil
+	}
+	vm, err := vmOf(du)
+	if err != nil {
+		return nil
+	}
+	list := &velerov2.DataUploadList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(du.Namespace), client.MatchingFields{indexVM: vm.String()}); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, s := range list.Items {
+		if s.Name != du.Name && !uploadDone(s.Status.Phase) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: nn(s.Namespace, s.Name)})
+		}
+	}
+	return reqs
+}
+
+// usersOfLocation wakes the live DataUploads of a location when it changes.
+func (r *DataUploadReconciler) usersOfLocation(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &velerov2.DataUploadList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, du := range list.Items {
+		if du.Spec.DataMover == DataMover && du.Spec.BackupStorageLocation == o.GetName() && !uploadDone(du.Status.Phase) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: nn(du.Namespace, du.Name)})
+		}
+	}
+	return reqs
+}
+
+// Reconcile moves one DataUpload on.
+func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	du := &velerov2.DataUpload{}
+	if err := r.Client.Get(ctx, req.NamespacedName, du); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if du.Spec.DataMover != DataMover {
+		return ctrl.Result{}, nil
+	}
+	vm, err := vmOf(du)
+	if err != nil {
+		if uploadDone(du.Status.Phase) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, r.setStatus(ctx, du, corev1.EventTypeWarning, "Failed", err.Error(), func(s *velerov2.DataUploadStatus) {
+			r.end(s, velerov2.DataUploadPhaseFailed)
+		})
+	}
+	j := &uploadJob{du: du, vm: vm, backup: backupNameOf(du), name: childName("kubevirt-backup", du.Name)}
+	if uploadDone(du.Status.Phase) {
+		return ctrl.Result{}, r.cleanup(ctx, j)
+	}
+	if du.Spec.Cancel || du.Status.Phase == velerov2.DataUploadPhaseCanceling {
+		return r.cancel(ctx, j)
+	}
+	end, timeout := deadline(du.CreationTimestamp, du.Spec.OperationTimeout, r.Config.DefaultTimeout)
+	left := end.Sub(r.Now())
+	if left <= 0 {
+		return r.fail(ctx, j, fmt.Sprintf("timed out after %s in phase %s", timeout, phaseName(du.Status.Phase)))
+	}
+
+	var res ctrl.Result
+	switch du.Status.Phase {
+	case "", velerov2.DataUploadPhaseNew:
+		err = r.accept(ctx, j)
+	case velerov2.DataUploadPhaseAccepted:
+		err = r.prepare(ctx, j)
+	case velerov2.DataUploadPhasePrepared, velerov2.DataUploadPhaseInProgress:
+		err = r.upload(ctx, j)
+	}
+	var wait *errWait
+	var fat *errFatal
+	switch {
+	case errors.As(err, &fat):
+		return r.fail(ctx, j, fat.message)
+	case errors.As(err, &wait):
+		if serr := r.setMessage(ctx, j.du, wait.reason, wait.message); serr != nil {
+			return ctrl.Result{}, serr
+		}
+		res.RequeueAfter = wait.after
+	case err != nil:
+		return ctrl.Result{}, err
+	}
+	if res.RequeueAfter == 0 || res.RequeueAfter > left {
+		res.RequeueAfter = left
+	}
+	return res, nil
+}
+
+func backupNameOf(du *velerov2.DataUpload) string {
+	if b := du.Labels[LabelBackupName]; b != "" {
+		return b
+	}
+	if b := du.Annotations[AnnotationBackupName]; b != "" {
+		return b
+	}
+	return du.Name
+}
+
+func phaseName(p velerov2.DataUploadPhase) string {
+	if p == "" {
+		return string(velerov2.DataUploadPhaseNew)
+	}
+	return string(p)
+}
+
+// accept takes a DataUpload whose VM runs.
+func (r *DataUploadReconciler) accept(ctx context.Context, j *uploadJob) error {
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := r.Reader.Get(ctx, client.ObjectKey{Namespace: j.vm.Namespace, Name: j.vm.Name}, vm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fatal("VirtualMachine %s not found", j.vm)
+		}
+		return fmt.Errorf("get VirtualMachine %s: %w", j.vm, err)
+	}
+	if vm.Status.PrintableStatus != kubevirtv1.VirtualMachineStatusRunning {
+		return fatal("VirtualMachine %s is %s: only a running VM can be backed up", j.vm, printable(vm))
+	}
+	msg := fmt.Sprintf("accepted backup %s of VirtualMachine %s", j.backup, j.vm)
+	return r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Accepted", msg, func(s *velerov2.DataUploadStatus) {
+		s.Phase = velerov2.DataUploadPhaseAccepted
+		s.AcceptedByNode = r.Config.Identity
+		s.AcceptedTimestamp = r.now()
+	})
+}
+
+func printable(vm *kubevirtv1.VirtualMachine) string {
+	if vm.Status.PrintableStatus == "" {
+		return "not running"
+	}
+	return string(vm.Status.PrintableStatus)
+}
+
+// prepare waits its turn and the location, has KubeVirt write the backup
+// onto the temporary volume, and waits for it.
+func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error {
+	if ahead, err := r.aheadInLine(ctx, j); err != nil {
+		return err
+	} else if ahead != "" {
+		return waitFor("WaitingForVM", 0, "waiting for DataUpload %s of the same VirtualMachine %s", ahead, j.vm)
+	}
+	bsl, err := availableLocation(ctx, r.Client, j.du.Namespace, j.du.Spec.BackupStorageLocation, r.Config.PollInterval)
+	if err != nil {
+		return err
+	}
+	u := newUnstructured(VMBackupGVK)
+	if err := r.Client.Get(ctx, j.key(), u); apierrors.IsNotFound(err) {
+		return r.startBackup(ctx, j, bsl)
+	} else if err != nil {
+		return fmt.Errorf("get VirtualMachineBackup %s: %w", j.key(), err)
+	}
+	vmb := &VMBackup{}
+	if err := FromUnstructured(u, vmb); err != nil {
+		return err
+	}
+	if failed, msg := vmb.Failed(); failed {
+		return fatal("VirtualMachineBackup %s failed: %s", j.key(), msg)
+	}
+	if !vmb.Succeeded() {
+		return waitFor("WaitingForVMBackup", 0, "waiting for VirtualMachineBackup %s", j.key())
+	}
+	if vmb.Status.CheckpointName == "" {
+		return fatal("VirtualMachineBackup %s completed without a checkpoint name", j.key())
+	}
+	msg := fmt.Sprintf("KubeVirt wrote %s checkpoint %s", strings.ToLower(vmb.Status.Type), vmb.Status.CheckpointName)
+	return r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Prepared", msg, func(s *velerov2.DataUploadStatus) {
+		s.Phase = velerov2.DataUploadPhasePrepared
+	})
+}
+
+// aheadInLine names the oldest live DataUpload of the same VM created before
+// this one: backups of one VM run one at a time, oldest first.
+func (r *DataUploadReconciler) aheadInLine(ctx context.Context, j *uploadJob) (string, error) {
+	list := &velerov2.DataUploadList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(j.du.Namespace), client.MatchingFields{indexVM: j.vm.String()}); err != nil {
+		return "", fmt.Errorf("list DataUploads of %s: %w", j.vm, err)
+	}
+	older := func(a, b *velerov2.DataUpload) bool {
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return a.CreationTimestamp.Before(&b.CreationTimestamp)
+		}
+		return a.Name < b.Name
+	}
+	var first *velerov2.DataUpload
+	for i := range list.Items {
+		o := &list.Items[i]
+		if o.Name == j.du.Name || uploadDone(o.Status.Phase) || !older(o, j.du) {
+			continue
+		}
+		if first == nil || older(o, first) {
+			first = o
+		}
+	}
+	if first == nil {
+		return "", nil
+	}
+	return first.Name, nil
+}
+
+// startBackup keeps the VM's tracker, plans full or incremental against the
+// store, and creates the temporary volume and the VirtualMachineBackup.
+func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bsl *velerov1.BackupStorageLocation) error {
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := r.Reader.Get(ctx, client.ObjectKey{Namespace: j.vm.Namespace, Name: j.vm.Name}, vm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fatal("VirtualMachine %s not found", j.vm)
+		}
+		return fmt.Errorf("get VirtualMachine %s: %w", j.vm, err)
+	}
+	disks, err := vmDisks(ctx, r.Reader, vm)
+	if err != nil {
+		return fatal("%v", err)
+	}
+	tracker, err := r.ensureTracker(ctx, j)
+	if err != nil {
+		return err
+	}
+	loc, err := loadLocation(ctx, r.Reader, bsl)
+	if err != nil {
+		return waitFor("BackupStorageLocationUnavailable", r.Config.PollInterval, "waiting: %v", err)
+	}
+	repo, err := loc.open()
+	if err != nil {
+		return fatal("%v", err)
+	}
+	opts, err := r.planOptions(j, tracker)
+	if err != nil {
+		return fatal("%v", err)
+	}
+	plan, err := repo.Plan(ctx, j.vm, opts)
+	if err != nil {
+		return waitFor("BackupStorageLocationUnavailable", r.Config.PollInterval, "waiting: plan the backup of %s: %v", j.vm, err)
+	}
+	size := backupVolumeSize(disks)
+	if s := j.du.Annotations[AnnotationBackupPVCSize]; s != "" {
+		if size, err = resource.ParseQuantity(s); err != nil {
+			return fatal("annotation %s: %v", AnnotationBackupPVCSize, err)
+		}
+	}
+	if err := r.createClaim(ctx, j, size); err != nil {
+		return err
+	}
+	if err := r.createVMBackup(ctx, j, tracker, plan, disks); err != nil {
+		return err
+	}
+	if plan.Type == catalog.Full {
+		r.Recorder.Eventf(j.du, corev1.EventTypeNormal, "BackupStarted", "full backup of %s into %s (%s): %s", j.vm, j.name, size.String(), plan.Reason)
+	} else {
+		r.Recorder.Eventf(j.du, corev1.EventTypeNormal, "BackupStarted", "incremental backup of %s from checkpoint %s into %s (%s)", j.vm, plan.Parent, j.name, size.String())
+	}
+	return waitFor("WaitingForVMBackup", 0, "waiting for VirtualMachineBackup %s", j.key())
+}
+
+func (r *DataUploadReconciler) planOptions(j *uploadJob, tracker *VMBackupTracker) (backup.PlanOptions, error) {
+	opts := backup.PlanOptions{
+		ForceFull:             j.du.Annotations[AnnotationForceFull] == "true",
+		MaxChainLength:        r.Config.MaxChainLength,
+		HypervisorCheckpoints: []string{},
+	}
+	if c := tracker.latestCheckpoint(); c != "" {
+		opts.HypervisorCheckpoints = []string{c}
+	}
+	if v, ok := j.du.Spec.DataMoverConfig[ConfigMaxChainLength]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return opts, fmt.Errorf("spec.dataMoverConfig.%s: %q is not a count", ConfigMaxChainLength, v)
+		}
+		opts.MaxChainLength = n
+	}
+	return opts, nil
+}
+
+// ensureTracker returns the VM's tracker, creating it when it is missing and
+// replacing one that tracks something else. A new tracker knows no
+// checkpoint, so the next backup is full.
+func (r *DataUploadReconciler) ensureTracker(ctx context.Context, j *uploadJob) (*VMBackupTracker, error) {
+	key := client.ObjectKey{Namespace: j.vm.Namespace, Name: trackerName(j.vm.Name)}
+	u := newUnstructured(VMBackupTrackerGVK)
+	err := r.Client.Get(ctx, key, u)
+	if err == nil {
+		t := &VMBackupTracker{}
+		if err := FromUnstructured(u, t); err != nil {
+			return nil, err
+		}
+		src := t.Spec.Source
+		if src.Kind == "VirtualMachine" && src.Name == j.vm.Name && src.APIGroup != nil && *src.APIGroup == kubevirtv1.SchemeGroupVersion.Group {
+			return t, nil
+		}
+		if err := deleteIfPresent(ctx, r.Client, u); err != nil {
+			return nil, err
+		}
+		r.Recorder.Eventf(j.du, corev1.EventTypeWarning, "TrackerReplaced", "VirtualMachineBackupTracker %s tracked %s %s; replacing it", key, src.Kind, src.Name)
+		return nil, waitFor("TrackerReplaced", time.Second, "waiting for VirtualMachineBackupTracker %s to be replaced", key)
+	}
+	if !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("get VirtualMachineBackupTracker %s: %w", key, err)
+	}
+	group := kubevirtv1.SchemeGroupVersion.Group
+	t := &VMBackupTracker{
+		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: map[string]string{LabelVM: j.vm.Name}},
+		Spec:       VMBackupTrackerSpec{Source: corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VirtualMachine", Name: j.vm.Name}},
+	}
+	u, err = ToUnstructured(t, VMBackupTrackerGVK)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Client.Create(ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create VirtualMachineBackupTracker %s: %w", key, err)
+	}
+	r.Recorder.Eventf(j.du, corev1.EventTypeNormal, "TrackerCreated", "created VirtualMachineBackupTracker %s: the backup is full", key)
+	return t, nil
+}
+
+func (r *DataUploadReconciler) createClaim(ctx context.Context, j *uploadJob, size resource.Quantity) error {
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: j.meta(),
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
+		},
+	}
+	sc := r.Config.StorageClass
+	if v := j.du.Spec.DataMoverConfig[ConfigStorageClass]; v != "" {
+		sc = v
+	}
+	if sc != "" {
+		pvc.Spec.StorageClassName = &sc
+	}
+	if err := r.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create temporary volume %s: %w", j.key(), err)
+	}
+	return nil
+}
+
+func (r *DataUploadReconciler) createVMBackup(ctx context.Context, j *uploadJob, tracker *VMBackupTracker, plan *backup.Plan, disks []vmDisk) error {
+	meta := j.meta()
+	meta.Annotations[AnnotationPlanType] = string(plan.Type)
+	meta.Annotations[AnnotationPlanParent] = plan.Parent
+	meta.Annotations[AnnotationPlanReason] = plan.Reason
+	meta.Annotations[AnnotationDisks] = formatDisks(disks)
+	group := "backup.kubevirt.io"
+	vmb := &VMBackup{
+		ObjectMeta: meta,
+		Spec: VMBackupSpec{
+			Source:          corev1.TypedLocalObjectReference{APIGroup: &group, Kind: VMBackupTrackerGVK.Kind, Name: tracker.Name},
+			Mode:            BackupModePush,
+			PVCName:         j.name,
+			ForceFullBackup: plan.Type == catalog.Full,
+		},
+	}
+	u, err := ToUnstructured(vmb, VMBackupGVK)
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Create(ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create VirtualMachineBackup %s: %w", j.key(), err)
+	}
+	return nil
+}
+
+func formatDisks(disks []vmDisk) string {
+	parts := make([]string, len(disks))
+	for i, d := range disks {
+		parts[i] = d.Volume + "=" + d.Name + ":" + d.Size.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+func parseDisks(s string) ([]mover.Disk, map[string]string, error) {
+	var disks []mover.Disk
+	sizes := map[string]string{}
+	for _, p := range strings.Split(s, ",") {
+		volume, rest, ok := strings.Cut(p, "=")
+		name, size, _ := strings.Cut(rest, ":")
+		if !ok || volume == "" || name == "" {
+			return nil, nil, fmt.Errorf("annotation %s: %q: want <volume>=<claim>:<size>", AnnotationDisks, p)
+		}
+		disks = append(disks, mover.Disk{Volume: volume, Name: name})
+		if size != "" {
+			sizes[name] = size
+		}
+	}
+	return disks, sizes, nil
+}
+
+// upload runs the upload pod and finishes with its result.
+func (r *DataUploadReconciler) upload(ctx context.Context, j *uploadJob) error {
+	u := newUnstructured(VMBackupGVK)
+	if err := r.Client.Get(ctx, j.key(), u); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fatal("VirtualMachineBackup %s disappeared", j.key())
+		}
+		return fmt.Errorf("get VirtualMachineBackup %s: %w", j.key(), err)
+	}
+	pod := &corev1.Pod{}
+	if err := r.Client.Get(ctx, j.key(), pod); apierrors.IsNotFound(err) {
+		if j.du.Status.Phase == velerov2.DataUploadPhaseInProgress {
+			return fatal("upload pod %s disappeared", j.key())
+		}
+		return r.startUpload(ctx, j, u)
+	} else if err != nil {
+		return fmt.Errorf("get upload pod %s: %w", j.key(), err)
+	}
+	finished, succeeded, message := podOutcome(pod)
+	switch {
+	case !finished:
+		if pod.Status.Phase == corev1.PodRunning && j.du.Status.Phase == velerov2.DataUploadPhasePrepared {
+			return r.setStatus(ctx, j.du, corev1.EventTypeNormal, "UploadStarted", fmt.Sprintf("upload pod %s is running", j.key()),
+				func(s *velerov2.DataUploadStatus) {
+					s.Phase = velerov2.DataUploadPhaseInProgress
+					s.StartTimestamp = r.now()
+					s.Node = pod.Spec.NodeName
+				})
+		}
+		return nil
+	case !succeeded:
+		return fatal("upload pod %s failed: %s", j.key(), firstLine(message))
+	}
+	res, err := mover.DecodeUploadResult(message)
+	if err != nil {
+		return fatal("%v", err)
+	}
+	_, err = r.complete(ctx, j, u, res)
+	return err
+}
+
+func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u *unstructured.Unstructured) error {
+	vmb := &VMBackup{}
+	if err := FromUnstructured(u, vmb); err != nil {
+		return err
+	}
+	opts, err := r.uploadOptions(ctx, j, vmb, u)
+	if err != nil {
+		return err
+	}
+	bsl, err := availableLocation(ctx, r.Client, j.du.Namespace, j.du.Spec.BackupStorageLocation, r.Config.PollInterval)
+	if err != nil {
+		return err
+	}
+	loc, err := loadLocation(ctx, r.Reader, bsl)
+	if err != nil {
+		return waitFor("BackupStorageLocationUnavailable", r.Config.PollInterval, "waiting: %v", err)
+	}
+	opts.BSL = loc.manifest
+	if err := r.Client.Create(ctx, credentialsSecret(j.meta(), loc.credentials)); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("copy the location's credentials to %s: %w", j.key(), err)
+	}
+	pod := r.Config.uploadPod(j.meta(), j.name, j.name, opts.Args(), opts.Env())
+	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create upload pod %s: %w", j.key(), err)
+	}
+	r.Recorder.Eventf(j.du, corev1.EventTypeNormal, "UploadPodCreated", "upload pod %s created for %s checkpoint %s", j.key(), opts.Type, opts.Checkpoint)
+	return nil
+}
+
+// uploadOptions tells the pod what KubeVirt wrote. A backup KubeVirt took
+// full where an incremental was planned is uploaded as full.
+func (r *DataUploadReconciler) uploadOptions(ctx context.Context, j *uploadJob, vmb *VMBackup, u *unstructured.Unstructured) (mover.UploadOptions, error) {
+	disks, sizes, err := parseDisks(vmb.Annotations[AnnotationDisks])
+	if err != nil {
+		return mover.UploadOptions{}, fatal("VirtualMachineBackup %s: %v", j.key(), err)
+	}
+	if included := vmb.Status.IncludedVolumes; len(included) > 0 {
+		want := map[string]bool{}
+		for _, v := range included {
+			want[v.VolumeName] = true
+		}
+		var kept []mover.Disk
+		for _, d := range disks {
+			if want[d.Volume] {
+				kept = append(kept, d)
+				delete(want, d.Volume)
+			}
+		}
+		for v := range want {
+			kept = append(kept, mover.Disk{Volume: v, Name: v})
+		}
+		sort.Slice(kept, func(a, b int) bool { return kept[a].Volume < kept[b].Volume })
+		disks = kept
+	}
+	opts := mover.UploadOptions{
+		VM: j.vm, Backup: j.backup, Checkpoint: vmb.Status.CheckpointName, VMBackup: vmb.Name,
+		Source: PodBackupDir, Disks: disks, DiskSizes: sizes, Credentials: credentialsFile(),
+		Progress: mover.ObjectRef{Namespace: j.du.Namespace, Name: j.du.Name},
+	}
+	planned := catalog.CheckpointType(vmb.Annotations[AnnotationPlanType])
+	switch vmb.Status.Type {
+	case BackupTypeFull:
+		opts.Type = catalog.Full
+		if planned == catalog.Incremental {
+			r.Recorder.Eventf(j.du, corev1.EventTypeWarning, "FullInsteadOfIncremental",
+				"KubeVirt took a full backup where an incremental from %s was planned", vmb.Annotations[AnnotationPlanParent])
+		}
+	case BackupTypeIncremental:
+		if planned != catalog.Incremental {
+			return opts, fatal("VirtualMachineBackup %s is incremental where a full backup was asked for", j.key())
+		}
+		opts.Type, opts.Parent = catalog.Incremental, vmb.Annotations[AnnotationPlanParent]
+	default:
+		return opts, fatal("VirtualMachineBackup %s reports backup type %q", j.key(), vmb.Status.Type)
+	}
+	if opts.VMBackupJSON, err = archiveJSON(u); err != nil {
+		return opts, err
+	}
+	t := newUnstructured(VMBackupTrackerGVK)
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: j.vm.Namespace, Name: vmb.Spec.Source.Name}, t); err == nil {
+		if opts.TrackerJSON, err = archiveJSON(t); err != nil {
+			return opts, err
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return opts, fmt.Errorf("get VirtualMachineBackupTracker %s: %w", vmb.Spec.Source.Name, err)
+	}
+	return opts, nil
+}
+
+// archiveJSON renders an object for the store without its server-side
+// bookkeeping.
+func archiveJSON(u *unstructured.Unstructured) ([]byte, error) {
+	c := u.DeepCopy()
+	c.SetManagedFields(nil)
+	c.SetResourceVersion("")
+	data, err := json.Marshal(c.Object)
+	if err != nil {
+		return nil, fmt.Errorf("archive %s %s: %w", u.GetKind(), u.GetName(), err)
+	}
+	return data, nil
+}
+
+func (r *DataUploadReconciler) complete(ctx context.Context, j *uploadJob, vmb *unstructured.Unstructured, res *mover.UploadResult) (ctrl.Result, error) {
+	result := map[string]string{
+		ResultCheckpoint: res.Checkpoint,
+		ResultType:       string(res.Type),
+		ResultBytes:      strconv.FormatInt(res.Bytes, 10),
+	}
+	if res.Parent != "" {
+		result[ResultParent] = res.Parent
+	}
+	if reason := vmb.GetAnnotations()[AnnotationPlanReason]; reason != "" && res.Type == catalog.Full {
+		result[ResultFullReason] = reason
+	}
+	msg := fmt.Sprintf("%s checkpoint %s of %s stored for backup %s: %d bytes uploaded", res.Type, res.Checkpoint, j.vm, j.backup, res.Bytes)
+	if err := r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Completed", msg, func(s *velerov2.DataUploadStatus) {
+		r.end(s, velerov2.DataUploadPhaseCompleted)
+		s.SnapshotID = SnapshotID(j.backup, j.vm.Namespace, j.vm.Name)
+		s.Path = catalog.Key(res.Path)
+		s.DataMoverResult = &result
+		s.Progress.TotalBytes, s.Progress.BytesDone = res.Bytes, res.Bytes
+	}); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, r.cleanup(ctx, j)
+}
+
+// cancel ends a DataUpload Velero canceled: Canceling while the temporary
+// objects go, then Canceled.
+func (r *DataUploadReconciler) cancel(ctx context.Context, j *uploadJob) (ctrl.Result, error) {
+	switch j.du.Status.Phase {
+	case velerov2.DataUploadPhaseAccepted, velerov2.DataUploadPhasePrepared, velerov2.DataUploadPhaseInProgress:
+		return ctrl.Result{Requeue: true}, r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Canceling", "canceling", func(s *velerov2.DataUploadStatus) {
+			s.Phase = velerov2.DataUploadPhaseCanceling
+		})
+	}
+	if err := r.deleteTemporaries(ctx, j); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Canceled", "canceled", func(s *velerov2.DataUploadStatus) {
+		r.end(s, velerov2.DataUploadPhaseCanceled)
+	}); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, r.cleanup(ctx, j)
+}
+
+func (r *DataUploadReconciler) fail(ctx context.Context, j *uploadJob, msg string) (ctrl.Result, error) {
+	if err := r.setStatus(ctx, j.du, corev1.EventTypeWarning, "Failed", msg, func(s *velerov2.DataUploadStatus) {
+		r.end(s, velerov2.DataUploadPhaseFailed)
+	}); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, r.cleanup(ctx, j)
+}
+
+func (r *DataUploadReconciler) end(s *velerov2.DataUploadStatus, phase velerov2.DataUploadPhase) {
+	s.Phase = phase
+	if s.StartTimestamp == nil {
+		s.StartTimestamp = r.now()
+	}
+	s.CompletionTimestamp = r.now()
+}
+
+// cleanup deletes what a finished DataUpload created, once.
+func (r *DataUploadReconciler) cleanup(ctx context.Context, j *uploadJob) error {
+	if j.du.Annotations[AnnotationCleanedUp] == "true" {
+		return nil
+	}
+	if err := r.deleteTemporaries(ctx, j); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(j.du.DeepCopy())
+	if j.du.Annotations == nil {
+		j.du.Annotations = map[string]string{}
+	}
+	j.du.Annotations[AnnotationCleanedUp] = "true"
+	if err := r.Client.Patch(ctx, j.du, patch); err != nil {
+		return fmt.Errorf("mark DataUpload %s cleaned up: %w", client.ObjectKeyFromObject(j.du), err)
+	}
+	return nil
+}
+
+func (r *DataUploadReconciler) deleteTemporaries(ctx context.Context, j *uploadJob) error {
+	meta := metav1.ObjectMeta{Name: j.name, Namespace: j.vm.Namespace}
+	vmb := newUnstructured(VMBackupGVK)
+	vmb.SetName(j.name)
+	vmb.SetNamespace(j.vm.Namespace)
+	return deleteAll(ctx, r.Client,
+		&corev1.Pod{ObjectMeta: meta}, vmb,
+		&corev1.PersistentVolumeClaim{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta})
+}
+
+// setStatus changes the status with optimistic locking (a stale copy must
+// not move a DataUpload back) and records an event.
+func (r *DataUploadReconciler) setStatus(ctx context.Context, du *velerov2.DataUpload, eventType, reason, msg string, change func(*velerov2.DataUploadStatus)) error {
+	patch := client.MergeFromWithOptions(du.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	change(&du.Status)
+	du.Status.Message = msg
+	if err := r.Client.Patch(ctx, du, patch); err != nil {
+		return fmt.Errorf("update status of DataUpload %s: %w", client.ObjectKeyFromObject(du), err)
+	}
+	log.FromContext(ctx).Info(msg, "phase", du.Status.Phase)
+	r.Recorder.Event(du, eventType, reason, msg)
+	return nil
+}
+
+// setMessage reports a wait, once per distinct message.
+func (r *DataUploadReconciler) setMessage(ctx context.Context, du *velerov2.DataUpload, reason, msg string) error {
+	if du.Status.Message == msg {
+		return nil
+	}
+	return r.setStatus(ctx, du, corev1.EventTypeNormal, reason, msg, func(*velerov2.DataUploadStatus) {})
+}
+
+func (r *DataUploadReconciler) now() *metav1.Time {
+	t := metav1.NewTime(r.Now())
+	return &t
+}

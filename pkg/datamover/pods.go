@@ -1,0 +1,191 @@
+package datamover
+
+import (
+	"path"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// Where the pods find what they are given.
+const (
+	PodBackupDir      = "/var/lib/datamover/backup"
+	PodTargetDir      = "/var/lib/datamover/target"
+	PodTargetDevice   = "/dev/datamover-target"
+	PodWorkDir        = "/var/lib/datamover/work"
+	PodCredentialsDir = "/var/run/datamover/credentials"
+	// PodTargetFile is the disk image in a file-system target volume, where
+	// KubeVirt looks for it.
+	PodTargetFile = "disk.img"
+	// PodContainer is the pods' only container.
+	PodContainer = "datamover"
+
+	volBackup      = "backup"
+	volTarget      = "target"
+	volWork        = "work"
+	volCredentials = "credentials"
+)
+
+// Config holds the controllers' settings.
+type Config struct {
+	// Identity names the controller in status.acceptedByNode.
+	Identity string
+	// Image holds the pod binary (cmd/datamover-upload) as Command.
+	Image           string
+	Command         string
+	ImagePullPolicy corev1.PullPolicy
+	// PodServiceAccount runs the pods under an account of that name in the
+	// VM's (or target's) namespace; it must exist there. With it the pods
+	// report progress, which needs "patch" on dataupload/status and
+	// datadownload/status in the DataUpload's namespace. Empty runs them
+	// without an API token and without progress.
+	PodServiceAccount string
+	// DefaultTimeout applies when spec.operationTimeout is zero.
+	DefaultTimeout time.Duration
+	// MaxChainLength caps chains unless spec.dataMoverConfig says otherwise;
+	// zero means no cap.
+	MaxChainLength int
+	// StorageClass of the temporary volume; empty means the cluster default.
+	StorageClass string
+	// PollInterval bounds how long the controllers wait for what they do not
+	// watch (the location's credentials, the store).
+	PollInterval time.Duration
+	// ProgressInterval is how often pods patch progress.
+	ProgressInterval time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.Command == "" {
+		c.Command = "/usr/bin/datamover-upload"
+	}
+	if c.DefaultTimeout == 0 {
+		c.DefaultTimeout = 4 * time.Hour
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 30 * time.Second
+	}
+	if c.ProgressInterval == 0 {
+		c.ProgressInterval = 5 * time.Second
+	}
+	if c.ImagePullPolicy == "" {
+		c.ImagePullPolicy = corev1.PullIfNotPresent
+	}
+}
+
+// credentialsFile is the credentials file inside a pod.
+func credentialsFile() string { return path.Join(PodCredentialsDir, defaultCredentialsKey) }
+
+// credentialsSecret copies a location's credentials into the namespace where
+// a pod that needs them runs: a pod can only mount secrets of its own
+// namespace. The copy lives as long as the pod.
+func credentialsSecret(meta metav1.ObjectMeta, data []byte) *corev1.Secret {
+	return &corev1.Secret{ObjectMeta: meta, Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{defaultCredentialsKey: data}}
+}
+
+// podSpec is the common part of upload and restore pods.
+func (c *Config) pod(meta metav1.ObjectMeta, secret string, args []string, env map[string]string) *corev1.Pod {
+	names := make([]string, 0, len(env))
+	for k := range env {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var envVars []corev1.EnvVar
+	for _, k := range names {
+		envVars = append(envVars, corev1.EnvVar{Name: k, Value: env[k]})
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: meta,
+		Spec: corev1.PodSpec{
+			RestartPolicy:                corev1.RestartPolicyNever,
+			ServiceAccountName:           c.PodServiceAccount,
+			AutomountServiceAccountToken: ptr.To(c.PodServiceAccount != ""),
+			Containers: []corev1.Container{{
+				Name:                     PodContainer,
+				Image:                    c.Image,
+				ImagePullPolicy:          c.ImagePullPolicy,
+				Command:                  []string{c.Command},
+				Args:                     args,
+				Env:                      envVars,
+				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: volCredentials, MountPath: PodCredentialsDir, ReadOnly: true},
+				},
+			}},
+			Volumes: []corev1.Volume{{
+				Name: volCredentials,
+				VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName: secret, DefaultMode: ptr.To[int32](0o400)}},
+			}},
+		},
+	}
+	return pod
+}
+
+// uploadPod mounts the temporary volume read-only.
+func (c *Config) uploadPod(meta metav1.ObjectMeta, secret, claim string, args []string, env map[string]string) *corev1.Pod {
+	pod := c.pod(meta, secret, args, env)
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: volBackup,
+		VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true}}})
+	ctr := &pod.Spec.Containers[0]
+	ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: volBackup, MountPath: PodBackupDir, ReadOnly: true})
+	return pod
+}
+
+// restorePod writes into the target claim: a block device, or disk.img on
+// a file system; the layers are staged in an emptyDir.
+func (c *Config) restorePod(meta metav1.ObjectMeta, secret string, target *corev1.PersistentVolumeClaim, args []string, env map[string]string) *corev1.Pod {
+	pod := c.pod(meta, secret, args, env)
+	pod.Spec.Volumes = append(pod.Spec.Volumes,
+		corev1.Volume{Name: volTarget, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: target.Name}}},
+		corev1.Volume{Name: volWork, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	ctr := &pod.Spec.Containers[0]
+	ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: volWork, MountPath: PodWorkDir})
+	if isBlock(target) {
+		ctr.VolumeDevices = []corev1.VolumeDevice{{Name: volTarget, DevicePath: PodTargetDevice}}
+	} else {
+		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: volTarget, MountPath: PodTargetDir})
+	}
+	return pod
+}
+
+func isBlock(pvc *corev1.PersistentVolumeClaim) bool {
+	return pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == corev1.PersistentVolumeBlock
+}
+
+// restoreTarget is where a restore pod writes the disk.
+func restoreTarget(pvc *corev1.PersistentVolumeClaim) string {
+	if isBlock(pvc) {
+		return PodTargetDevice
+	}
+	return path.Join(PodTargetDir, PodTargetFile)
+}
+
+// podOutcome reads a finished pod's container: its termination message
+// and whether it succeeded.
+func podOutcome(pod *corev1.Pod) (finished, succeeded bool, message string) {
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded:
+		finished, succeeded = true, true
+	case corev1.PodFailed:
+		finished = true
+	default:
+		return false, false, ""
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.Name == PodContainer && s.State.Terminated != nil {
+			message = s.State.Terminated.Message
+			if message == "" {
+				message = s.State.Terminated.Reason
+			}
+		}
+	}
+	if message == "" {
+		message = pod.Status.Message
+	}
+	return finished, succeeded, message
+}

@@ -1,0 +1,39 @@
+package datamover
+
+import (
+	"context"
+	"fmt"
+
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
+	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+// NewScheme knows the types the controllers read and write: Kubernetes',
+// Velero's and KubeVirt's VirtualMachine (the backup API is unstructured).
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme, velerov1.AddToScheme, velerov2.AddToScheme, kubevirtv1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			return nil, fmt.Errorf("build the scheme: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// Setup registers both controllers with mgr.
+func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config) error {
+	up := &DataUploadReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorderFor("kubevirt-datamover"), Config: cfg}
+	if err := up.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	down := &DataDownloadReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorderFor("kubevirt-datamover"), Config: cfg}
+	return down.SetupWithManager(mgr)
+}

@@ -1,0 +1,40 @@
+package datamover_test
+
+import (
+	"context"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
+	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+)
+
+var _ = Describe("DataDownload", func() {
+	DescribeTable("fails with a message naming what is missing",
+		func(ctx context.Context, snapshotID func(*testVM) string, want string) {
+			vm := newVM(ctx)
+			loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+			Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
+				ObjectMeta: metav1.ObjectMeta{Name: "target", Namespace: vm.namespace},
+				Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
+				},
+			})).To(Succeed())
+			dd := newDataDownload(ctx, snapshotID(vm), vm.namespace, "target", loc, nil)
+			Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(time.Minute).Should(Equal(velerov2.DataDownloadPhaseFailed))
+			Expect(getDataDownload(ctx, dd).Status.Message).To(MatchRegexp(want))
+		},
+		Entry("a snapshot ID of another data mover", func(*testVM) string { return "kopia-snapshot-1234" },
+			`^snapshot ID "kopia-snapshot-1234": want <backup>/<vm namespace>/<vm name>$`),
+		Entry("a backup the location does not hold", func(vm *testVM) string {
+			return datamover.SnapshotID("never", vm.namespace, vm.name)
+		}, `^backup never of vms-\d+/db: `),
+	)
+})

@@ -1,0 +1,216 @@
+package datamover_test
+
+import (
+	"context"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
+	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+var _ = Describe("DataUpload", func() {
+	It("backs up a VM full, then incrementally, and restores the disk from the chain", func(ctx context.Context) {
+		vm := newVM(ctx)
+		loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+
+		By("a first backup, which is full")
+		mon := newDataUpload(ctx, vm, loc, "mon")
+		Eventually(dataUploadPhase(ctx, mon)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataUploadPhaseCompleted))
+		first := getDataUpload(ctx, mon)
+		Expect(first.Status.SnapshotID).To(Equal(datamover.SnapshotID("mon", vm.namespace, vm.name)))
+		Expect(first.Status.AcceptedByNode).To(Equal(identity))
+		Expect(first.Status.StartTimestamp).NotTo(BeNil())
+		Expect(first.Status.CompletionTimestamp).NotTo(BeNil())
+		Expect(first.Status.DataMoverResult).NotTo(BeNil())
+		result := *first.Status.DataMoverResult
+		Expect(result).To(HaveKeyWithValue(datamover.ResultType, string(catalog.Full)))
+		Expect(result).To(HaveKey(datamover.ResultFullReason))
+		fullBytes, err := strconv.ParseInt(result[datamover.ResultBytes], 10, 64)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fullBytes).To(BeNumerically(">", 4<<20))
+		Expect(first.Status.Progress.BytesDone).To(Equal(fullBytes))
+		Expect(first.Status.Progress.TotalBytes).To(Equal(fullBytes))
+		Expect(first.Status.Message).To(ContainSubstring("full checkpoint"))
+		expectTemporariesGone(ctx, mon)
+		Eventually(eventReasons(ctx, mon)).Should(ContainElements("Accepted", "TrackerCreated", "BackupStarted", "Prepared", "UploadPodCreated", "Completed"))
+
+		repo := loc.repository()
+		idx, err := repo.Index(ctx, vm.catalogVM())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(idx.Checkpoints).To(HaveLen(1))
+		full := idx.Checkpoints[0]
+		Expect(full.ID).To(Equal(result[datamover.ResultCheckpoint]))
+		Expect(full.IsComplete()).To(BeTrue())
+		Expect(full.ReferencedBy).To(ConsistOf("mon"))
+		Expect(full.Files).To(HaveLen(1))
+		Expect(full.Files[0].DiskName).To(Equal(vm.claim))
+		Expect(full.VMBObjectPath).NotTo(BeEmpty())
+		Expect(full.VMBTObjectPath).NotTo(BeEmpty())
+
+		By("the tracker, kept for the next backup, holding KubeVirt's checkpoint")
+		tracker := &unstructured.Unstructured{}
+		tracker.SetGroupVersionKind(datamover.VMBackupTrackerGVK)
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: vm.namespace, Name: "datamover-" + vm.name}, tracker)).To(Succeed())
+		latest, _, _ := unstructured.NestedString(tracker.Object, "status", "latestCheckpoint", "name")
+		Expect(latest).To(Equal(full.ID))
+
+		By("guest writes, then a second backup, which is incremental")
+		Expect(vm.hv.Write(ctx, 16<<20, 1<<20, 0x22)).To(Succeed())
+		atTue := filepath.Join(GinkgoT().TempDir(), "tue.raw")
+		Expect(vm.hv.Snapshot(ctx, atTue)).To(Succeed())
+		tue := newDataUpload(ctx, vm, loc, "tue")
+		Eventually(dataUploadPhase(ctx, tue)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataUploadPhaseCompleted))
+		second := *getDataUpload(ctx, tue).Status.DataMoverResult
+		Expect(second).To(HaveKeyWithValue(datamover.ResultType, string(catalog.Incremental)))
+		Expect(second).To(HaveKeyWithValue(datamover.ResultParent, full.ID))
+		incBytes, err := strconv.ParseInt(second[datamover.ResultBytes], 10, 64)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(incBytes).To(BeNumerically("<", fullBytes/2))
+		expectTemporariesGone(ctx, tue)
+
+		By("a DataDownload restoring the disk as the second backup saved it")
+		Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "restored", Namespace: vm.namespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
+			},
+		})).To(Succeed())
+		dd := newDataDownload(ctx, getDataUpload(ctx, tue).Status.SnapshotID, vm.namespace, "restored", loc, map[string]string{datamover.ConfigDisk: vm.claim})
+		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataDownloadPhaseCompleted))
+		done := getDataDownload(ctx, dd)
+		Expect(done.Status.Message).To(ContainSubstring("chain of 2"))
+		Expect(done.Status.Progress.BytesDone).To(Equal(fullBytes + incBytes))
+		restored := filepath.Join(vols.dir(vm.namespace, "restored"), datamover.PodTargetFile)
+		Expect(framework.SHA256(restored)).To(Equal(must(framework.SHA256(atTue))))
+		Eventually(gone(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: vm.namespace, Name: "kubevirt-restore-" + dd.Name}})).Should(BeTrue())
+		Eventually(gone(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: vm.namespace, Name: "kubevirt-restore-" + dd.Name}})).Should(BeTrue())
+	})
+
+	It("runs the backups of one VM one at a time, oldest first", func(ctx context.Context) {
+		vm := newVM(ctx)
+		loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+		kubevirt.set(vm.namespace, vm.name, func(v *standInVM) { v.hold = true })
+
+		older := newDataUpload(ctx, vm, loc, "a")
+		Eventually(gone(ctx, vmBackupOf(older))).Should(BeFalse())
+		younger := newDataUpload(ctx, vm, loc, "b")
+		Eventually(dataUploadMessage(ctx, younger)).Should(ContainSubstring("waiting for DataUpload " + older.Name))
+		Expect(getDataUpload(ctx, younger).Status.Phase).To(Equal(velerov2.DataUploadPhaseAccepted))
+		Expect(gone(ctx, vmBackupOf(younger))()).To(BeTrue(), "no VirtualMachineBackup while another one of the VM runs")
+
+		kubevirt.set(vm.namespace, vm.name, func(v *standInVM) { v.hold = false })
+		Eventually(dataUploadPhase(ctx, older)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataUploadPhaseCompleted))
+		Eventually(dataUploadPhase(ctx, younger)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataUploadPhaseCompleted))
+		a, b := *getDataUpload(ctx, older).Status.DataMoverResult, *getDataUpload(ctx, younger).Status.DataMoverResult
+		Expect(a).To(HaveKeyWithValue(datamover.ResultType, string(catalog.Full)))
+		Expect(b).To(HaveKeyWithValue(datamover.ResultType, string(catalog.Incremental)))
+		Expect(b).To(HaveKeyWithValue(datamover.ResultParent, a[datamover.ResultCheckpoint]))
+	})
+
+	DescribeTable("waits for an unavailable backup storage location, then backs up",
+		func(ctx context.Context, phase velerov1.BackupStorageLocationPhase, want string) {
+			vm := newVM(ctx)
+			loc := newLocation(ctx, phase)
+			du := newDataUpload(ctx, vm, loc, "wed")
+			Eventually(dataUploadMessage(ctx, du)).Should(Equal("waiting: backup storage location " + loc.name + " is " + want))
+			Expect(getDataUpload(ctx, du).Status.Phase).To(Equal(velerov2.DataUploadPhaseAccepted))
+			Expect(gone(ctx, vmBackupOf(du))()).To(BeTrue(), "no VirtualMachineBackup before the location is available")
+			Eventually(eventReasons(ctx, du)).Should(ContainElement("BackupStorageLocationUnavailable"))
+
+			setLocationPhase(ctx, loc, velerov1.BackupStorageLocationPhaseAvailable)
+			Eventually(dataUploadPhase(ctx, du)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataUploadPhaseCompleted))
+		},
+		Entry("phase Unavailable", velerov1.BackupStorageLocationPhaseUnavailable, "Unavailable"),
+		Entry("not validated yet", velerov1.BackupStorageLocationPhase(""), "not validated yet"),
+	)
+
+	It("fails a DataUpload whose backup storage location does not exist", func(ctx context.Context) {
+		vm := newVM(ctx)
+		du := newDataUpload(ctx, vm, &location{name: "nowhere"}, "thu")
+		Eventually(dataUploadPhase(ctx, du)).Should(Equal(velerov2.DataUploadPhaseFailed))
+		Expect(getDataUpload(ctx, du).Status.Message).To(Equal("backup storage location velero/nowhere not found"))
+	})
+
+	DescribeTable("fails and removes its temporaries when a step fails",
+		func(ctx context.Context, inject func(*testVM), want string) {
+			vm := newVM(ctx)
+			loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+			inject(vm)
+			du := newDataUpload(ctx, vm, loc, "fri")
+			Eventually(dataUploadPhase(ctx, du)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataUploadPhaseFailed))
+			failed := getDataUpload(ctx, du)
+			Expect(failed.Status.Message).To(MatchRegexp(want))
+			Expect(failed.Status.CompletionTimestamp).NotTo(BeNil())
+			expectTemporariesGone(ctx, du)
+			Eventually(eventReasons(ctx, du)).Should(ContainElement("Failed"))
+			idx, err := loc.repository().Index(ctx, vm.catalogVM())
+			if err == nil {
+				for _, c := range idx.Checkpoints {
+					Expect(c.IsComplete()).To(BeFalse(), "checkpoint %s", c.ID)
+				}
+			}
+		},
+		Entry("KubeVirt's backup fails", func(vm *testVM) {
+			kubevirt.set(vm.namespace, vm.name, func(v *standInVM) { v.failWith = "guest agent did not thaw in time" })
+		}, `^VirtualMachineBackup vms-\d+/kubevirt-backup-fri-vms-\d+ failed: guest agent did not thaw in time$`),
+		Entry("the upload pod fails", func(vm *testVM) {
+			kubelet.failPods(vm.namespace, "connection reset by peer")
+		}, `^upload pod vms-\d+/kubevirt-backup-fri-vms-\d+ failed: connection reset by peer$`),
+		Entry("KubeVirt's file is no qcow2 image", func(vm *testVM) {
+			kubevirt.set(vm.namespace, vm.name, func(v *standInVM) { v.corrupt = true })
+		}, `^upload pod vms-\d+/kubevirt-backup-fri-vms-\d+ failed: upload volume rootdisk: disk db-rootdisk of checkpoint .*: Image is not in qcow2 format$`),
+	)
+
+	DescribeTable("cancels on spec.cancel and removes its temporaries",
+		func(ctx context.Context, holdAt func(*testVM), phaseBefore velerov2.DataUploadPhase) {
+			vm := newVM(ctx)
+			loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+			holdAt(vm)
+			du := newDataUpload(ctx, vm, loc, "sat")
+			Eventually(dataUploadPhase(ctx, du)).WithTimeout(2 * time.Minute).Should(Equal(phaseBefore))
+			updateDataUpload(ctx, du, func(d *velerov2.DataUpload) { d.Spec.Cancel = true })
+			Eventually(dataUploadPhase(ctx, du)).Should(Equal(velerov2.DataUploadPhaseCanceled))
+			Expect(getDataUpload(ctx, du).Status.Message).To(Equal("canceled"))
+			expectTemporariesGone(ctx, du)
+			Eventually(eventReasons(ctx, du)).Should(ContainElements("Canceling", "Canceled"))
+		},
+		Entry("while KubeVirt writes the backup", func(vm *testVM) {
+			kubevirt.set(vm.namespace, vm.name, func(v *standInVM) { v.hold = true })
+		}, velerov2.DataUploadPhaseAccepted),
+		Entry("while the upload pod runs", func(vm *testVM) {
+			kubelet.holdPods(vm.namespace, true)
+		}, velerov2.DataUploadPhaseInProgress),
+	)
+
+	It("fails when spec.operationTimeout passes", func(ctx context.Context) {
+		vm := newVM(ctx)
+		loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+		kubevirt.set(vm.namespace, vm.name, func(v *standInVM) { v.hold = true })
+		du := newDataUpload(ctx, vm, loc, "sun", func(d *velerov2.DataUpload) {
+			d.Spec.OperationTimeout = metav1.Duration{Duration: 3 * time.Second}
+		})
+		Eventually(gone(ctx, vmBackupOf(du))).Should(BeFalse())
+		Eventually(dataUploadPhase(ctx, du)).WithTimeout(time.Minute).Should(Equal(velerov2.DataUploadPhaseFailed))
+		Expect(getDataUpload(ctx, du).Status.Message).To(Equal("timed out after 3s in phase Accepted"))
+		expectTemporariesGone(ctx, du)
+	})
+})
+
+func must[T any](v T, err error) T {
+	Expect(err).NotTo(HaveOccurred())
+	return v
+}

@@ -1,0 +1,252 @@
+package datamover_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
+	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+)
+
+const diskSize = 64 << 20
+
+var specCounter atomic.Int32
+
+// testVM is a running VirtualMachine with one claim-backed disk whose
+// content a backuptest.Hypervisor holds.
+type testVM struct {
+	namespace, name string
+	claim           string
+	hv              *backuptest.Hypervisor
+}
+
+func (v *testVM) catalogVM() catalog.VM { return catalog.VM{Namespace: v.namespace, Name: v.name} }
+
+// newVM makes a namespace of its own with a running VM known to the KubeVirt
+// stand-in.
+func newVM(ctx context.Context) *testVM {
+	n := specCounter.Add(1)
+	v := &testVM{namespace: fmt.Sprintf("vms-%d", n), name: "db", claim: "db-rootdisk"}
+	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: v.namespace}})).To(Succeed())
+	Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: v.claim, Namespace: v.namespace},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(diskSize, resource.BinarySI)}},
+		},
+	})).To(Succeed())
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Name: v.name, Namespace: v.namespace},
+		Spec: kubevirtv1.VirtualMachineSpec{Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+			Spec: kubevirtv1.VirtualMachineInstanceSpec{Volumes: []kubevirtv1.Volume{{
+				Name: standInVolume,
+				VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.claim}}},
+			}}},
+		}},
+	}
+	Expect(k8s.Create(ctx, vm)).To(Succeed())
+	vm.Status.PrintableStatus = kubevirtv1.VirtualMachineStatusRunning
+	Expect(k8s.Status().Update(ctx, vm)).To(Succeed())
+
+	hv, err := backuptest.New(ctx, GinkgoT().TempDir(), diskSize)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(hv.Write(ctx, 0, 4<<20, 0x11)).To(Succeed())
+	kubevirt.add(v.namespace, v.name, hv)
+	v.hv = hv
+	return v
+}
+
+// location is a backup storage location on its own bucket.
+type location struct {
+	name string
+	cfg  objectstore.Config
+}
+
+func (l *location) repository() *backup.Repository {
+	store, err := objectstore.NewS3(l.cfg)
+	Expect(err).NotTo(HaveOccurred())
+	return backup.NewRepository(store)
+}
+
+// newLocation creates a location in the given phase ("" for none yet).
+func newLocation(ctx context.Context, phase velerov1.BackupStorageLocationPhase) *location {
+	n := specCounter.Add(1)
+	l := &location{name: fmt.Sprintf("bsl-%d", n)}
+	creds, err := s3.WriteCredentials(GinkgoT().TempDir())
+	Expect(err).NotTo(HaveOccurred())
+	l.cfg = s3.Config(fmt.Sprintf("bucket-%d", n), "cluster", creds)
+	store, err := objectstore.NewS3(l.cfg)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(store.CreateBucket(ctx)).To(Succeed())
+	bsl := &velerov1.BackupStorageLocation{
+		ObjectMeta: metav1.ObjectMeta{Name: l.name, Namespace: veleroNamespace},
+		Spec: velerov1.BackupStorageLocationSpec{
+			Provider: "aws",
+			StorageType: velerov1.StorageType{ObjectStorage: &velerov1.ObjectStorageLocation{
+				Bucket: l.cfg.Bucket, Prefix: l.cfg.Prefix}},
+			Config: map[string]string{"region": "us-east-1", "s3Url": s3.URL, "s3ForcePathStyle": "true"},
+			Credential: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: credentialsName}, Key: "cloud"},
+		},
+	}
+	Expect(k8s.Create(ctx, bsl)).To(Succeed())
+	if phase != "" {
+		setLocationPhase(ctx, l, phase)
+	}
+	return l
+}
+
+func setLocationPhase(ctx context.Context, l *location, phase velerov1.BackupStorageLocationPhase) {
+	bsl := &velerov1.BackupStorageLocation{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: veleroNamespace, Name: l.name}, bsl)).To(Succeed())
+	bsl.Status.Phase = phase
+	Expect(k8s.Update(ctx, bsl)).To(Succeed())
+}
+
+// newDataUpload asks for a backup of vm as Velero's backup item action would.
+func newDataUpload(ctx context.Context, vm *testVM, l *location, backupName string, change ...func(*velerov2.DataUpload)) *velerov2.DataUpload {
+	du := &velerov2.DataUpload{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: backupName + "-" + vm.namespace, Namespace: veleroNamespace,
+			Labels:      map[string]string{datamover.LabelBackupName: backupName},
+			Annotations: map[string]string{datamover.AnnotationVMName: vm.name, datamover.AnnotationVMNamespace: vm.namespace},
+		},
+		Spec: velerov2.DataUploadSpec{
+			SnapshotType:          velerov2.SnapshotTypeCSI,
+			SourcePVC:             vm.claim,
+			DataMover:             datamover.DataMover,
+			BackupStorageLocation: l.name,
+			SourceNamespace:       vm.namespace,
+			OperationTimeout:      metav1.Duration{Duration: 10 * time.Minute},
+		},
+	}
+	for _, c := range change {
+		c(du)
+	}
+	Expect(k8s.Create(ctx, du)).To(Succeed())
+	return du
+}
+
+func getDataUpload(ctx context.Context, du *velerov2.DataUpload) *velerov2.DataUpload {
+	out := &velerov2.DataUpload{}
+	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(du), out)).To(Succeed())
+	return out
+}
+
+func dataUploadPhase(ctx context.Context, du *velerov2.DataUpload) func() velerov2.DataUploadPhase {
+	return func() velerov2.DataUploadPhase { return getDataUpload(ctx, du).Status.Phase }
+}
+
+func dataUploadMessage(ctx context.Context, du *velerov2.DataUpload) func() string {
+	return func() string { return getDataUpload(ctx, du).Status.Message }
+}
+
+func updateDataUpload(ctx context.Context, du *velerov2.DataUpload, change func(*velerov2.DataUpload)) {
+	Eventually(func() error {
+		cur := getDataUpload(ctx, du)
+		change(cur)
+		return k8s.Update(ctx, cur)
+	}).Should(Succeed())
+}
+
+// temporaryName is the name of what the controller makes for a DataUpload.
+func temporaryName(du *velerov2.DataUpload) string { return "kubevirt-backup-" + du.Name }
+
+func vmBackupOf(du *velerov2.DataUpload) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(datamover.VMBackupGVK)
+	u.SetNamespace(du.Spec.SourceNamespace)
+	u.SetName(temporaryName(du))
+	return u
+}
+
+// gone reports an object deleted, or being deleted (a claim keeps its
+// protection finalizer without a controller manager to remove it).
+func gone(ctx context.Context, obj client.Object) func() bool {
+	return func() bool {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		if apierrors.IsNotFound(err) {
+			return true
+		}
+		Expect(err).NotTo(HaveOccurred())
+		return obj.GetDeletionTimestamp() != nil
+	}
+}
+
+// expectTemporariesGone checks that the claim, the VirtualMachineBackup, the
+// pod and the credentials copy of a DataUpload went away.
+func expectTemporariesGone(ctx context.Context, du *velerov2.DataUpload) {
+	meta := metav1.ObjectMeta{Namespace: du.Spec.SourceNamespace, Name: temporaryName(du)}
+	for _, obj := range []client.Object{
+		&corev1.PersistentVolumeClaim{ObjectMeta: meta}, vmBackupOf(du),
+		&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta},
+	} {
+		Eventually(gone(ctx, obj)).Should(BeTrue(), "%T %s/%s", obj, meta.Namespace, meta.Name)
+	}
+}
+
+// eventReasons lists the reasons of the events about an object.
+func eventReasons(ctx context.Context, obj client.Object) func() []string {
+	return func() []string {
+		events := &corev1.EventList{}
+		Expect(k8s.List(ctx, events, client.InNamespace(obj.GetNamespace()))).To(Succeed())
+		var reasons []string
+		for _, e := range events.Items {
+			if e.InvolvedObject.Name == obj.GetName() {
+				reasons = append(reasons, e.Reason)
+			}
+		}
+		return reasons
+	}
+}
+
+func resourceQuantity(bytes int64) resource.Quantity {
+	return *resource.NewQuantity(bytes, resource.BinarySI)
+}
+
+// newDataDownload asks for a restore as Velero's restore item action would.
+func newDataDownload(ctx context.Context, snapshotID, namespace, claim string, l *location, config map[string]string) *velerov2.DataDownload {
+	dd := &velerov2.DataDownload{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("restore-%d", specCounter.Add(1)), Namespace: veleroNamespace},
+		Spec: velerov2.DataDownloadSpec{
+			TargetVolume:          velerov2.TargetVolumeSpec{PVC: claim, Namespace: namespace},
+			BackupStorageLocation: l.name,
+			DataMover:             datamover.DataMover,
+			SnapshotID:            snapshotID,
+			SourceNamespace:       namespace,
+			DataMoverConfig:       config,
+			OperationTimeout:      metav1.Duration{Duration: 10 * time.Minute},
+		},
+	}
+	Expect(k8s.Create(ctx, dd)).To(Succeed())
+	return dd
+}
+
+func getDataDownload(ctx context.Context, dd *velerov2.DataDownload) *velerov2.DataDownload {
+	out := &velerov2.DataDownload{}
+	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(dd), out)).To(Succeed())
+	return out
+}
+
+func dataDownloadPhase(ctx context.Context, dd *velerov2.DataDownload) func() velerov2.DataDownloadPhase {
+	return func() velerov2.DataDownloadPhase { return getDataDownload(ctx, dd).Status.Phase }
+}
