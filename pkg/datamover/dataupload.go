@@ -107,23 +107,26 @@ func uploadDone(p velerov2.DataUploadPhase) bool {
 	return p == velerov2.DataUploadPhaseCompleted || p == velerov2.DataUploadPhaseFailed || p == velerov2.DataUploadPhaseCanceled
 }
 
+// vmIndexValue is the VM a DataUpload of this data mover backs up.
+func vmIndexValue(o client.Object) []string {
+	du, ok := o.(*velerov2.DataUpload)
+	if !ok || du.Spec.DataMover != DataMover {
+		return nil
+	}
+	vm, err := vmOf(du)
+	if err != nil {
+		return nil
+	}
+	return []string{vm.String()}
+}
+
 // SetupWithManager registers the controller, its index and watches.
 func (r *DataUploadReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	r.Config.defaults()
 	if r.Now == nil {
 		r.Now = time.Now
 	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &velerov2.DataUpload{}, indexVM, func(o client.Object) []string {
-		du := o.(*velerov2.DataUpload)
-		if du.Spec.DataMover != DataMover {
-			return nil
-		}
-		vm, err := vmOf(du)
-		if err != nil {
-			return nil
-		}
-		return []string{vm.String()}
-	}); err != nil {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &velerov2.DataUpload{}, indexVM, vmIndexValue); err != nil {
 		return fmt.Errorf("index DataUploads by VM: %w", err)
 	}
 	err := ctrl.NewControllerManagedBy(mgr).Named("kubevirt-dataupload").

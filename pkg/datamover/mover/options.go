@@ -181,9 +181,9 @@ func ParseUpload(args []string, getenv func(string) string) (UploadOptions, erro
 	if o.Progress, err = parseRef(progress); err != nil {
 		return o, fmt.Errorf("upload: %w", err)
 	}
-	o.BSL = []byte(getenv(EnvBSL))
-	o.VMBackupJSON = []byte(getenv(EnvVMBackup))
-	o.TrackerJSON = []byte(getenv(EnvVMBackupTracker))
+	o.BSL = envBytes(getenv, EnvBSL)
+	o.VMBackupJSON = envBytes(getenv, EnvVMBackup)
+	o.TrackerJSON = envBytes(getenv, EnvVMBackupTracker)
 	return o, o.validate()
 }
 
@@ -208,7 +208,7 @@ func ParseRestore(args []string, getenv func(string) string) (RestoreOptions, er
 	if o.Progress, err = parseRef(progress); err != nil {
 		return o, fmt.Errorf("restore: %w", err)
 	}
-	o.BSL = []byte(getenv(EnvBSL))
+	o.BSL = envBytes(getenv, EnvBSL)
 	var missing []string
 	for flag, v := range map[string]string{"vm-namespace": o.VM.Namespace, "vm-name": o.VM.Name,
 		"backup": o.Backup, "disk": o.Disk, "target": o.Target, "credentials": o.Credentials} {
@@ -256,6 +256,13 @@ func (o UploadOptions) validate() error {
 		}
 	default:
 		return fmt.Errorf("upload: --type=%q: want %s or %s", o.Type, catalog.Full, catalog.Incremental)
+	}
+	return nil
+}
+
+func envBytes(getenv func(string) string, key string) []byte {
+	if v := getenv(key); v != "" {
+		return []byte(v)
 	}
 	return nil
 }
