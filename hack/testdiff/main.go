@@ -106,9 +106,12 @@ func loadGinkgo(path string, r results) error {
 	if err := json.Unmarshal(data, &reports); err != nil {
 		return err
 	}
+	// The report's own SuitePath is absolute and differs between the two
+	// trees; the file is named for the package, relative to its tree.
+	pkg := strings.TrimSuffix(filepath.Base(path), ".ginkgo.json")
 	for _, rep := range reports {
 		for _, spec := range rep.SpecReports {
-			key := rep.SuitePath + ": [" + spec.LeafNodeType.String() + "] " + spec.FullText()
+			key := pkg + ": [" + spec.LeafNodeType.String() + "] " + spec.FullText()
 			switch {
 			case spec.State.Is(types.SpecStatePassed):
 				r[key] = passed
