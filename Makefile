@@ -15,7 +15,7 @@ FUNCTIONAL_TIMEOUT ?= 60m
 # guest boots and writes about ten times faster under TCG: set "qemu" there.
 FUNCTIONAL_VIRT_TYPE ?=
 
-.PHONY: all deps build go-build kubevirt test test-unit test-functional test-upstream bench bench-backup bench-thinp clean
+.PHONY: all deps build go-build kubevirt test lint test-unit test-functional test-upstream bench bench-backup bench-thinp clean
 
 all: deps build
 
@@ -38,7 +38,13 @@ kubevirt:
 	hack/kubevirt.sh apply
 	hack/kubevirt.sh build
 
-test: build test-unit test-functional test-upstream
+test: build lint test-unit test-functional test-upstream
+
+# Formatting, vet and shellcheck: cheap, and first so they fail fast.
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+	$(GO) vet ./...
+	shellcheck -x hack/*.sh .ci/run
 
 # Fast tests with no root infrastructure.
 test-unit:

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared settings for the hack/ scripts. Sourced, not run.
 
 QCOW2_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -5,6 +5,7 @@
 # Kubernetes line KubeVirt v1.7.0 uses; etcd comes from install-deps.sh.
 set -euo pipefail
 
+# shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 readonly KUBERNETES_VERSION=${KUBERNETES_VERSION:-v1.33.5}

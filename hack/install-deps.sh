@@ -5,6 +5,7 @@
 # everything is present.
 set -euo pipefail
 
+# shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 readonly APT_PACKAGES=(

@@ -10,6 +10,7 @@
 # through the environment (KUBEVIRT_TREE, KUBEVIRT_PATCHES, KUBEVIRT_OUT).
 set -euo pipefail
 
+# shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 readonly BASE_TAG=pristine
@@ -111,14 +112,19 @@ build() {
 	done
 }
 
-# Go packages (as directories relative to the tree) that the series changes
-# and that still exist in the patched tree.
+# Go packages (as directories relative to the tree) whose files the series
+# changes, test data included: a changed file counts for the nearest
+# directory above it that holds Go files (the tree's root excepted).
 touched_packages() {
-	tree_git diff --name-only "${BASE_TAG}..HEAD" -- '*.go' |
-		xargs -r -n1 dirname | sort -u |
-		while read -r dir; do
-			compgen -G "${KUBEVIRT_TREE}/${dir}/*.go" >/dev/null && echo "${dir}"
-		done
+	tree_git diff --name-only "${BASE_TAG}..HEAD" |
+		while read -r file; do
+			local dir
+			dir=$(dirname "${file}")
+			while [[ ${dir} != . ]] && ! compgen -G "${KUBEVIRT_TREE}/${dir}/*.go" >/dev/null; do
+				dir=$(dirname "${dir}")
+			done
+			[[ ${dir} != . ]] && echo "${dir}"
+		done | sort -u
 }
 
 # Runs the unit tests of dirs (relative to a tree; staging dirs resolve to

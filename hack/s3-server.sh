@@ -4,6 +4,7 @@
 # module proxy into the cache. Prints the binary's path. Idempotent.
 set -euo pipefail
 
+# shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 readonly VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
