@@ -1,0 +1,349 @@
+package overlay_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+const (
+	mib = 1 << 20
+	// backingSize is the golden image's size; a Block mode target holds the
+	// overlay written in full plus the 1 MiB record area.
+	backingSize = 64 * mib
+	targetSize  = 80 * mib
+	volume      = "rootdisk"
+)
+
+var (
+	// firstBoot and secondBoot write different regions with different
+	// patterns: both must be in a persistent overlay after the second.
+	firstBoot  = framework.GuestParams{StartLBA: 1, Sectors: 2048, Seed: 7}
+	secondBoot = framework.GuestParams{StartLBA: 8192, Sectors: 2048, Seed: 11}
+)
+
+// Paths of the virt-launcher compute container, as the converter and the
+// overlay creator name them (pkg/storage/overlay of the patched tree).
+const (
+	privateDir      = "/var/run/kubevirt-private"
+	ephemeralDir    = "/var/run/kubevirt-ephemeral-disks"
+	backingDevice   = "/dev/overlay-backing-" + volume
+	targetDevice    = "/dev/overlay-target-" + volume
+	backingImage    = privateDir + "/overlay-backing/" + volume + "/disk.img"
+	targetImage     = privateDir + "/overlay-target/" + volume + "/disk.qcow2"
+	ephemeralImage  = ephemeralDir + "/overlay-data/" + volume + "/disk.qcow2"
+	backingRecorded = "sampled-sha256"
+)
+
+type backingKind int
+
+const (
+	rawFile backingKind = iota
+	qcow2File
+	rawDevice
+)
+
+type targetKind int
+
+const (
+	noTarget targetKind = iota
+	fileTarget
+	deviceTarget
+)
+
+// pod stands for a virt-launcher pod on the test host: the compute
+// container's directories under a temporary root, and loop devices for
+// Block mode claims. The tool finds every container path through -map.
+type pod struct {
+	root    string
+	maps    map[string]string
+	vmiFile string
+
+	backing       string // where the backing is on the host
+	backingFormat string
+	target        string // the overlay on the host
+	targetIsBlock bool
+}
+
+func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
+	GinkgoHelper()
+	root := GinkgoT().TempDir()
+	p := &pod{
+		root: root,
+		maps: map[string]string{
+			privateDir:   filepath.Join(root, "private"),
+			ephemeralDir: filepath.Join(root, "ephemeral"),
+		},
+		backingFormat: "raw",
+	}
+
+	golden := filepath.Join(root, "golden.raw")
+	Expect(framework.CreateBootDisk(ctx, golden, backingSize, firstBoot)).To(Succeed())
+	switch backing {
+	case rawFile:
+		p.backing = p.host(backingImage)
+		Expect(os.MkdirAll(filepath.Dir(p.backing), 0o755)).To(Succeed())
+		Expect(os.Rename(golden, p.backing)).To(Succeed())
+	case qcow2File:
+		p.backing = p.host(backingImage)
+		p.backingFormat = "qcow2"
+		Expect(os.MkdirAll(filepath.Dir(p.backing), 0o755)).To(Succeed())
+		_, err := framework.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", golden, p.backing)
+		Expect(err).ToNot(HaveOccurred())
+	case rawDevice:
+		dev, err := framework.AttachLoop(ctx, golden)
+		framework.Require(err, "a loop device")
+		DeferCleanup(func(ctx SpecContext) { Expect(framework.DetachLoop(ctx, dev)).To(Succeed()) })
+		p.maps[backingDevice] = dev
+		p.backing = dev
+	}
+
+	overlaySpec := fmt.Sprintf("backingPVC: {claimName: golden}\n      backingFormat: %s", p.backingFormat)
+	switch target {
+	case noTarget:
+		p.target = p.host(ephemeralImage)
+	case fileTarget:
+		overlaySpec += "\n      persistent: true\n      targetPVC: {claimName: delta}"
+		p.target = p.host(targetImage)
+		Expect(os.MkdirAll(filepath.Dir(p.target), 0o755)).To(Succeed())
+	case deviceTarget:
+		overlaySpec += "\n      persistent: true\n      targetPVC: {claimName: delta}"
+		dev, err := framework.CreateLoopFile(ctx, filepath.Join(root, "target.img"), targetSize)
+		framework.Require(err, "a loop device")
+		DeferCleanup(func(ctx SpecContext) { Expect(framework.DetachLoop(ctx, dev)).To(Succeed()) })
+		p.maps[targetDevice] = dev
+		p.target = dev
+		p.targetIsBlock = true
+	}
+
+	p.vmiFile = filepath.Join(root, "vmi.yaml")
+	Expect(os.WriteFile(p.vmiFile, []byte(fmt.Sprintf(`apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: overlay-guest
+  namespace: tests
+spec:
+  domain:
+    devices:
+      disks:
+      - name: %s
+        disk: {bus: virtio}
+  volumes:
+  - name: %s
+    overlay:
+      %s
+`, volume, volume, overlaySpec)), 0o644)).To(Succeed())
+	return p
+}
+
+// host is where the test host has a path of the compute container.
+func (p *pod) host(path string) string {
+	for old, repl := range p.maps {
+		if path == old || strings.HasPrefix(path, old+"/") {
+			return repl + strings.TrimPrefix(path, old)
+		}
+	}
+	return path
+}
+
+// launcher runs the tool: the converter, and the pre-start (-prepare) or
+// teardown (-cleanup) overlay step. It returns standard output and error.
+func (p *pod) launcher(ctx context.Context, step string) (string, string, error) {
+	args := []string{"-vmi", p.vmiFile}
+	for old, repl := range p.maps {
+		args = append(args, "-map", old+"="+repl)
+	}
+	if step != "" {
+		args = append(args, step)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, vmi2domain, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	return stdout.String(), stderr.String(), err
+}
+
+// overlayDisk runs the pre-start step and returns the domain's overlay disk,
+// as the patched converter wrote it.
+func (p *pod) overlayDisk(ctx context.Context) libvirtxml.DomainDisk {
+	GinkgoHelper()
+	out, stderr, err := p.launcher(ctx, "-prepare")
+	Expect(err).ToNot(HaveOccurred(), stderr)
+	dom := &libvirtxml.Domain{}
+	Expect(dom.Unmarshal(out)).To(Succeed())
+	Expect(dom.Devices.Disks).To(HaveLen(1))
+	return dom.Devices.Disks[0]
+}
+
+func protocol(isBlock bool) string {
+	if isBlock {
+		return "host_device"
+	}
+	return "file"
+}
+
+func jsonImage(node map[string]any) string {
+	GinkgoHelper()
+	data, err := json.Marshal(node)
+	Expect(err).ToNot(HaveOccurred())
+	return "json:" + string(data)
+}
+
+// overlayAlone names the overlay without its backing: what it holds itself.
+func (p *pod) overlayAlone() string {
+	return jsonImage(map[string]any{
+		"driver":  "qcow2",
+		"backing": nil,
+		"file":    map[string]any{"driver": protocol(p.targetIsBlock), "filename": p.target},
+	})
+}
+
+// chain names the overlay over its backing where the test host has it.
+func (p *pod) chain() string {
+	return jsonImage(map[string]any{
+		"driver": "qcow2",
+		"file":   map[string]any{"driver": protocol(p.targetIsBlock), "filename": p.target},
+		"backing": map[string]any{
+			"driver": p.backingFormat,
+			"file":   map[string]any{"driver": protocol(p.backing == p.maps[backingDevice]), "filename": p.backing},
+		},
+	})
+}
+
+var _ = Describe("overlay volumes booted from the patched converter's domain", Ordered, func() {
+	var lv *framework.Libvirtd
+
+	BeforeAll(func(ctx SpecContext) {
+		var err error
+		lv, err = framework.StartLibvirtd(ctx)
+		framework.Require(err, "libvirtd")
+		DeferCleanup(func(ctx SpecContext) { Expect(lv.Stop(ctx)).To(Succeed()) })
+	}, NodeTimeout(2*time.Minute))
+
+	domains := 0
+
+	// boot starts a domain with the overlay disk, waits for the guest to
+	// finish writing, and stops the domain for good.
+	boot := func(ctx context.Context, disk libvirtxml.DomainDisk) {
+		GinkgoHelper()
+		domains++
+		name := fmt.Sprintf("overlay-guest-%d", domains)
+		DeferCleanup(func(ctx SpecContext) { Expect(lv.DestroyAndUndefine(ctx, name)).To(Succeed()) })
+		Expect(lv.DefineAndStart(ctx, lv.NewDomain(name, disk))).To(Succeed())
+		status, err := lv.WaitForGuest(ctx, name)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(status.Done).To(BeTrue(), "guest status %+v", status)
+		Expect(status.Failed).To(BeFalse(), "guest status %+v", status)
+		Expect(lv.DestroyAndUndefine(ctx, name)).To(Succeed())
+	}
+
+	backingSum := func(p *pod) string {
+		GinkgoHelper()
+		sum, err := framework.SHA256(p.backing)
+		Expect(err).ToNot(HaveOccurred())
+		return sum
+	}
+
+	DescribeTable("an ephemeral overlay takes the guest's writes and is gone after teardown",
+		func(ctx SpecContext, backing backingKind, sourceType, backingType, backingFormat string) {
+			p := newPod(ctx, backing, noTarget)
+			before := backingSum(p)
+
+			disk := p.overlayDisk(ctx)
+			Expect(disk.Source.File).ToNot(BeNil())
+			Expect(disk.Source.File.File).To(Equal(p.target))
+			Expect(disk.Driver.Type).To(Equal(sourceType))
+			Expect(disk.BackingStore).ToNot(BeNil())
+			Expect(disk.BackingStore.Format.Type).To(Equal(backingFormat))
+			if backingType == "block" {
+				Expect(disk.BackingStore.Source.Block.Dev).To(Equal(p.backing))
+			} else {
+				Expect(disk.BackingStore.Source.File.File).To(Equal(p.backing))
+			}
+
+			boot(ctx, disk)
+
+			Expect(framework.VerifyGuestWrites(ctx, p.overlayAlone(), "", firstBoot)).To(Succeed())
+			Expect(backingSum(p)).To(Equal(before))
+
+			_, stderr, err := p.launcher(ctx, "-cleanup")
+			Expect(err).ToNot(HaveOccurred(), stderr)
+			Expect(p.target).ToNot(BeAnExistingFile())
+			Expect(filepath.Dir(p.target)).ToNot(BeAnExistingFile())
+			Expect(backingSum(p)).To(Equal(before))
+		},
+		Entry("over a raw backing file", rawFile, "qcow2", "file", "raw", SpecTimeout(3*time.Minute)),
+		Entry("over a qcow2 backing file", qcow2File, "qcow2", "file", "qcow2", SpecTimeout(3*time.Minute)),
+		Entry("over a Block mode backing (loop device)", rawDevice, "qcow2", "block", "raw", SpecTimeout(3*time.Minute)),
+	)
+
+	DescribeTable("a persistent overlay keeps the guest's data across a full stop and start",
+		func(ctx SpecContext, target targetKind) {
+			p := newPod(ctx, rawFile, target)
+			before := backingSum(p)
+
+			disk := p.overlayDisk(ctx)
+			if target == deviceTarget {
+				Expect(disk.Source.Block).ToNot(BeNil())
+				Expect(disk.Source.Block.Dev).To(Equal(p.target))
+			} else {
+				Expect(disk.Source.File).ToNot(BeNil())
+				Expect(disk.Source.File.File).To(Equal(p.target))
+			}
+			boot(ctx, disk)
+			Expect(framework.VerifyGuestWrites(ctx, p.overlayAlone(), "", firstBoot)).To(Succeed())
+
+			// The teardown step leaves a persistent overlay alone.
+			_, stderr, err := p.launcher(ctx, "-cleanup")
+			Expect(err).ToNot(HaveOccurred(), stderr)
+			if !p.targetIsBlock {
+				Expect(p.target).To(BeARegularFile())
+			}
+
+			// The next boot writes elsewhere: its guest goes into the overlay.
+			Expect(framework.WriteBootSector(ctx, p.chain(), "", secondBoot)).To(Succeed())
+			boot(ctx, p.overlayDisk(ctx))
+
+			Expect(framework.VerifyGuestWrites(ctx, p.overlayAlone(), "", firstBoot)).To(Succeed())
+			Expect(framework.VerifyGuestWrites(ctx, p.overlayAlone(), "", secondBoot)).To(Succeed())
+			Expect(backingSum(p)).To(Equal(before))
+		},
+		Entry("in a file target", fileTarget, SpecTimeout(4*time.Minute)),
+		Entry("on a Block mode target (loop device)", deviceTarget, SpecTimeout(4*time.Minute)),
+	)
+
+	DescribeTable("a persistent overlay over a changed backing is refused, saying why",
+		func(ctx SpecContext, target targetKind, overlayPath string) {
+			p := newPod(ctx, rawFile, target)
+			p.overlayDisk(ctx)
+			overlayBefore, err := framework.SHA256(p.target)
+			Expect(err).ToNot(HaveOccurred())
+
+			// Another image with the same size: a rewritten boot sector.
+			Expect(framework.WriteBootSector(ctx, p.backing, "raw", secondBoot)).To(Succeed())
+
+			_, stderr, err := p.launcher(ctx, "-prepare")
+			Expect(err).To(HaveOccurred())
+			Expect(stderr).To(ContainSubstring("overlay volume " + volume + ": refusing to start: the backing image of overlay " + overlayPath + " changed since the overlay was created"))
+			Expect(stderr).To(ContainSubstring(fmt.Sprintf("size %d, %s", backingSize, backingRecorded)))
+
+			overlayAfter, err := framework.SHA256(p.target)
+			Expect(err).ToNot(HaveOccurred())
+			Expect(overlayAfter).To(Equal(overlayBefore), "a refused overlay is left as it was")
+		},
+		Entry("in a file target", fileTarget, targetImage, SpecTimeout(2*time.Minute)),
+		Entry("on a Block mode target (loop device)", deviceTarget, targetDevice, SpecTimeout(2*time.Minute)),
+	)
+})
