@@ -311,21 +311,7 @@ func (r *DataDownloadReconciler) end(s *velerov2.DataDownloadStatus, phase veler
 }
 
 func (r *DataDownloadReconciler) cleanup(ctx context.Context, j *downloadJob) error {
-	if j.dd.Annotations[AnnotationCleanedUp] == "true" {
-		return nil
-	}
-	if err := r.deleteTemporaries(ctx, j); err != nil {
-		return err
-	}
-	patch := client.MergeFrom(j.dd.DeepCopy())
-	if j.dd.Annotations == nil {
-		j.dd.Annotations = map[string]string{}
-	}
-	j.dd.Annotations[AnnotationCleanedUp] = "true"
-	if err := r.Client.Patch(ctx, j.dd, patch); err != nil {
-		return fmt.Errorf("mark DataDownload %s cleaned up: %w", client.ObjectKeyFromObject(j.dd), err)
-	}
-	return nil
+	return cleanupOnce(ctx, r.Client, "DataDownload", j.dd, func(ctx context.Context) error { return r.deleteTemporaries(ctx, j) })
 }
 
 func (r *DataDownloadReconciler) deleteTemporaries(ctx context.Context, j *downloadJob) error {

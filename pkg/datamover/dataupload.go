@@ -743,21 +743,7 @@ func (r *DataUploadReconciler) end(s *velerov2.DataUploadStatus, phase velerov2.
 
 // cleanup deletes what a finished DataUpload created, once.
 func (r *DataUploadReconciler) cleanup(ctx context.Context, j *uploadJob) error {
-	if j.du.Annotations[AnnotationCleanedUp] == "true" {
-		return nil
-	}
-	if err := r.deleteTemporaries(ctx, j); err != nil {
-		return err
-	}
-	patch := client.MergeFrom(j.du.DeepCopy())
-	if j.du.Annotations == nil {
-		j.du.Annotations = map[string]string{}
-	}
-	j.du.Annotations[AnnotationCleanedUp] = "true"
-	if err := r.Client.Patch(ctx, j.du, patch); err != nil {
-		return fmt.Errorf("mark DataUpload %s cleaned up: %w", client.ObjectKeyFromObject(j.du), err)
-	}
-	return nil
+	return cleanupOnce(ctx, r.Client, "DataUpload", j.du, func(ctx context.Context) error { return r.deleteTemporaries(ctx, j) })
 }
 
 func (r *DataUploadReconciler) deleteTemporaries(ctx context.Context, j *uploadJob) error {
