@@ -34,7 +34,6 @@ import (
 // serves. Both tools are built inside that tree, with their sources mapped in
 // through `go build -overlay`, so the tree itself is never written.
 const (
-	kubeVirtTreeEnv   = "KUBEVIRT_TREE"
 	toolsPackage      = "tools/overlay-admission"
 	kubeVirtNamespace = "kubevirt"
 	kubeVirtName      = "kubevirt"
@@ -59,22 +58,14 @@ var (
 
 var client dynamic.Interface
 
-// kubeVirtTree is the patched KubeVirt tree the suite builds its tools in.
-func kubeVirtTree() string {
-	if tree := os.Getenv(kubeVirtTreeEnv); tree != "" {
-		return tree
-	}
-	return filepath.Join(framework.RepoRoot(), "_build", "kubevirt-v1.7.0")
-}
-
 var _ = BeforeSuite(func() {
 	ctrllog.SetLogger(GinkgoLogr)
-	tree := kubeVirtTree()
+	tree := framework.KubeVirtTree()
 	_, err := os.Stat(filepath.Join(tree, "pkg", "storage", "admitters", "overlay.go"))
 	framework.Require(err, "the patched KubeVirt tree (hack/kubevirt.sh apply)")
 
 	work := GinkgoT().TempDir()
-	bin := buildTools(tree, work)
+	bin := buildTools(work)
 
 	crdDir := filepath.Join(work, "crds")
 	run(filepath.Join(bin, "crds"), "--out", crdDir)
@@ -119,25 +110,16 @@ var _ = BeforeSuite(func() {
 
 // buildTools builds both tools of testdata/ inside the tree in one go build,
 // once per suite run; Go's build cache makes later runs link only.
-func buildTools(tree, work string) string {
-	replace := map[string]string{}
+func buildTools(work string) string {
+	tools := map[string]string{}
 	for _, tool := range []string{"crds", "webhook"} {
 		source, err := filepath.Abs(filepath.Join("testdata", tool, "main.go"))
 		Expect(err).ToNot(HaveOccurred())
-		replace[filepath.Join(tree, toolsPackage, tool, "main.go")] = source
+		tools[toolsPackage+"/"+tool] = source
 	}
-	overlay, err := json.Marshal(map[string]any{"Replace": replace})
-	Expect(err).ToNot(HaveOccurred())
-	overlayFile := filepath.Join(work, "overlay.json")
-	Expect(os.WriteFile(overlayFile, overlay, 0o644)).To(Succeed())
-
-	bin := filepath.Join(work, "bin") + string(filepath.Separator)
-	build := exec.Command("go", "build", "-overlay", overlayFile, "-o", bin,
-		"./"+toolsPackage+"/crds", "./"+toolsPackage+"/webhook")
-	build.Dir = tree
-	out, err := build.CombinedOutput()
-	Expect(err).ToNot(HaveOccurred(), "build the tools inside %s: %s", tree, out)
-	return bin
+	bin := filepath.Join(work, "bin")
+	Expect(framework.BuildInKubeVirtTree(context.Background(), tools, bin)).To(Succeed())
+	return bin + string(filepath.Separator)
 }
 
 func run(name string, args ...string) {

@@ -1,0 +1,58 @@
+package framework
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+)
+
+// KubeVirtTree is the assembled, patched KubeVirt tree the suites build
+// their tools in: $KUBEVIRT_TREE (as hack/kubevirt.sh uses it), else
+// _build/kubevirt-v1.7.0 of this checkout.
+func KubeVirtTree() string {
+	if tree := os.Getenv("KUBEVIRT_TREE"); tree != "" {
+		return tree
+	}
+	return filepath.Join(RepoRoot(), "_build", "kubevirt-v1.7.0")
+}
+
+// BuildInKubeVirtTree builds test tools whose source lives in this
+// repository as main packages of the KubeVirt tree, so they link the patched
+// packages themselves, without writing into the tree (`go build -overlay`).
+// tools maps a package directory inside the tree (e.g. "cmd/vmi2domain") to
+// the tool's main.go here; each binary lands in outDir under the package's
+// last path element.
+func BuildInKubeVirtTree(ctx context.Context, tools map[string]string, outDir string) error {
+	tree, err := filepath.Abs(KubeVirtTree())
+	if err != nil {
+		return err
+	}
+	replace := map[string]string{}
+	args := []string{"build"}
+	var pkgs []string
+	for pkg, source := range tools {
+		replace[filepath.Join(tree, pkg, "main.go")] = source
+		pkgs = append(pkgs, "./"+pkg)
+	}
+	spec, err := json.Marshal(map[string]any{"Replace": replace})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return err
+	}
+	overlayFile := filepath.Join(outDir, "overlay.json")
+	if err := os.WriteFile(overlayFile, spec, 0o644); err != nil {
+		return err
+	}
+	args = append(args, "-overlay", overlayFile, "-o", outDir+string(filepath.Separator))
+	cmd := exec.CommandContext(ctx, "go", append(args, pkgs...)...)
+	cmd.Dir = tree
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build %v inside %s: %w: %s", pkgs, tree, err, out)
+	}
+	return nil
+}
