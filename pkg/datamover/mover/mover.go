@@ -123,23 +123,7 @@ func Upload(ctx context.Context, repo *backup.Repository, o UploadOptions, progr
 }
 
 func uploadFiles(ctx context.Context, up *backup.Upload, o UploadOptions, files []string, total int64, progress ProgressFunc) (*UploadResult, error) {
-	var (
-		mu   sync.Mutex
-		done = map[string]int64{}
-	)
-	report := func(object string, n, _ int64) {
-		if progress == nil {
-			return
-		}
-		mu.Lock()
-		done[object] = n
-		var sum int64
-		for _, v := range done {
-			sum += v
-		}
-		mu.Unlock()
-		progress(sum, total)
-	}
+	report := sumProgress(total, progress)
 	for i, d := range o.Disks {
 		if _, err := up.PutDisk(ctx, d.Name, files[i], report); err != nil {
 			return nil, fmt.Errorf("upload volume %s: %w", d.Volume, err)
@@ -203,23 +187,7 @@ func Restore(ctx context.Context, repo *backup.Repository, o RestoreOptions, pro
 			return nil, fmt.Errorf("backup %s of %s has no disk %s in checkpoint %s", o.Backup, o.VM, o.Disk, c.ID)
 		}
 	}
-	var (
-		mu   sync.Mutex
-		done = map[string]int64{}
-	)
-	report := func(object string, n, _ int64) {
-		if progress == nil {
-			return
-		}
-		mu.Lock()
-		done[object] = n
-		var sum int64
-		for _, v := range done {
-			sum += v
-		}
-		mu.Unlock()
-		progress(sum, total)
-	}
+	report := sumProgress(total, progress)
 	res, err := repo.Restore(ctx, backup.RestoreOptions{Backup: o.Backup, VM: o.VM, Disk: o.Disk,
 		Target: o.Target, WorkDir: o.WorkDir, Progress: report})
 	if err != nil {
@@ -259,4 +227,26 @@ func DecodeRestoreResult(msg string) (*RestoreResult, error) {
 		return nil, fmt.Errorf("restore pod's result %q: %w", msg, err)
 	}
 	return &r, nil
+}
+
+// sumProgress turns per-object progress from concurrent transfers into
+// progress over all of them.
+func sumProgress(total int64, progress ProgressFunc) func(object string, n, _ int64) {
+	var (
+		mu   sync.Mutex
+		done = map[string]int64{}
+	)
+	return func(object string, n, _ int64) {
+		if progress == nil {
+			return
+		}
+		mu.Lock()
+		done[object] = n
+		var sum int64
+		for _, v := range done {
+			sum += v
+		}
+		mu.Unlock()
+		progress(sum, total)
+	}
 }
