@@ -2,8 +2,10 @@ package backup_test
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -113,16 +115,7 @@ var _ = Describe("the data path on a real S3 server", func() {
 			ups[vm] = up
 		}
 		// Both commits race for manifests/nightly/index.json.
-		errs := make(chan error, len(ups))
-		for _, up := range ups {
-			go func(up *backup.Upload) {
-				_, err := up.Commit(ctx)
-				errs <- err
-			}(up)
-		}
-		for range ups {
-			Expect(<-errs).NotTo(HaveOccurred())
-		}
+		commitTogether(ctx, slices.Collect(maps.Values(ups)))
 		m, found, err := repo.Catalog.BackupManifest(ctx, "nightly")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(found).To(BeTrue())
@@ -143,16 +136,7 @@ var _ = Describe("the data path on a real S3 server", func() {
 			Expect(err).NotTo(HaveOccurred())
 			ups = append(ups, up)
 		}
-		errs := make(chan error, len(ups))
-		for _, up := range ups {
-			go func(up *backup.Upload) {
-				_, err := up.Commit(ctx)
-				errs <- err
-			}(up)
-		}
-		for range ups {
-			Expect(<-errs).NotTo(HaveOccurred())
-		}
+		commitTogether(ctx, ups)
 		idx, err := repo.Index(ctx, vm)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(idx.Latest()).To(HaveLen(2))
@@ -251,3 +235,19 @@ var _ = Describe("the data path on a real S3 server", func() {
 		}, backup.PlanOptions{VerifyContent: true}, "sha256 is"),
 	)
 })
+
+// commitTogether commits every upload at once, so their catalog updates
+// race, and expects all to succeed.
+func commitTogether(ctx context.Context, ups []*backup.Upload) {
+	GinkgoHelper()
+	errs := make(chan error, len(ups))
+	for _, up := range ups {
+		go func(up *backup.Upload) {
+			_, err := up.Commit(ctx)
+			errs <- err
+		}(up)
+	}
+	for range ups {
+		Expect(<-errs).NotTo(HaveOccurred())
+	}
+}
