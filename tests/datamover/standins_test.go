@@ -73,6 +73,11 @@ func (k *kubeVirtStandIn) set(namespace, name string, change func(*standInVM)) {
 }
 
 func (k *kubeVirtStandIn) run(ctx context.Context) {
+	everyTick(ctx, "KubeVirt stand-in", k.step)
+}
+
+// everyTick runs a stand-in's step until ctx ends, logging its errors.
+func everyTick(ctx context.Context, name string, step func(context.Context) error) {
 	defer GinkgoRecover()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -82,8 +87,8 @@ func (k *kubeVirtStandIn) run(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		if err := k.step(ctx); err != nil && ctx.Err() == nil {
-			GinkgoWriter.Printf("KubeVirt stand-in: %v\n", err)
+		if err := step(ctx); err != nil && ctx.Err() == nil {
+			GinkgoWriter.Printf("%s: %v\n", name, err)
 		}
 	}
 }
@@ -226,38 +231,31 @@ func (k *kubeletStandIn) failPods(namespace, msg string) {
 }
 
 func (k *kubeletStandIn) run(ctx context.Context) {
-	defer GinkgoRecover()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
+	everyTick(ctx, "kubelet stand-in", k.startPods)
+}
+
+// startPods starts every datamover pod not started yet.
+func (k *kubeletStandIn) startPods(ctx context.Context) error {
+	pods := &corev1.PodList{}
+	if err := k.c.List(ctx, pods, client.HasLabels{datamover.LabelOwnerKind}); err != nil {
+		return err
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		key := string(pod.UID)
+		k.mu.Lock()
+		skip := k.started[key] || pod.DeletionTimestamp != nil || pod.Status.Phase != "" && pod.Status.Phase != corev1.PodPending
+		if !skip {
+			k.started[key] = true
 		}
-		pods := &corev1.PodList{}
-		if err := k.c.List(ctx, pods, client.HasLabels{datamover.LabelOwnerKind}); err != nil {
-			if ctx.Err() == nil {
-				GinkgoWriter.Printf("kubelet stand-in: %v\n", err)
-			}
+		hold, failWith := k.hold[pod.Namespace], k.failWith[pod.Namespace]
+		k.mu.Unlock()
+		if skip {
 			continue
 		}
-		for i := range pods.Items {
-			pod := &pods.Items[i]
-			key := string(pod.UID)
-			k.mu.Lock()
-			skip := k.started[key] || pod.DeletionTimestamp != nil || pod.Status.Phase != "" && pod.Status.Phase != corev1.PodPending
-			if !skip {
-				k.started[key] = true
-			}
-			hold, failWith := k.hold[pod.Namespace], k.failWith[pod.Namespace]
-			k.mu.Unlock()
-			if skip {
-				continue
-			}
-			go k.runPod(ctx, pod.DeepCopy(), hold, failWith)
-		}
+		go k.runPod(ctx, pod.DeepCopy(), hold, failWith)
 	}
+	return nil
 }
 
 func (k *kubeletStandIn) runPod(ctx context.Context, pod *corev1.Pod, hold bool, failWith string) {
