@@ -1,12 +1,10 @@
 package hooks_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -21,7 +19,7 @@ import (
 
 // The hook and the overlay patch series must give QEMU the same disk: the
 // hook edits what an unpatched converter makes of a claim, the series
-// converts an overlay volume itself. vmi2domain (tests/overlay) runs the
+// converts an overlay volume itself. vmi2domain (tests/framework) runs the
 // patched tree's converter; for a plain claim that code is upstream's.
 var _ = Describe("the hook's disk compared with the patched converter's", Ordered, func() {
 	const (
@@ -29,15 +27,13 @@ var _ = Describe("the hook's disk compared with the patched converter's", Ordere
 		backingDir = "/var/run/kubevirt-private/overlay-backing/rootdisk"
 		ephemeral  = "/var/run/kubevirt-ephemeral-disks"
 	)
-	var vmi2domain string
+	var vmi2domain framework.VMI2Domain
 
 	BeforeAll(func(ctx SpecContext) {
 		_, err := os.Stat(filepath.Join(framework.KubeVirtTree(), "pkg", "storage", "overlay", "overlay.go"))
 		framework.Require(err, "the patched KubeVirt tree (hack/kubevirt.sh apply)")
-		dir := GinkgoT().TempDir()
-		source := filepath.Join(framework.RepoRoot(), "tests", "overlay", "testdata", "vmi2domain", "main.go")
-		Expect(framework.BuildInKubeVirtTree(ctx, map[string]string{"cmd/vmi2domain": source}, dir)).To(Succeed())
-		vmi2domain = filepath.Join(dir, "vmi2domain")
+		vmi2domain, err = framework.BuildVMI2Domain(ctx, GinkgoT().TempDir())
+		Expect(err).ToNot(HaveOccurred())
 	}, NodeTimeout(15*time.Minute))
 
 	convert := func(ctx context.Context, vmi map[string]any, args ...string) []byte {
@@ -46,11 +42,9 @@ var _ = Describe("the hook's disk compared with the patched converter's", Ordere
 		Expect(err).ToNot(HaveOccurred())
 		file := filepath.Join(GinkgoT().TempDir(), "vmi.yaml")
 		Expect(os.WriteFile(file, data, 0o644)).To(Succeed())
-		var stdout, stderr bytes.Buffer
-		cmd := exec.CommandContext(ctx, vmi2domain, append([]string{"-vmi", file}, args...)...)
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		Expect(cmd.Run()).To(Succeed(), stderr.String())
-		return stdout.Bytes()
+		out, _, err := framework.Launcher{Tool: vmi2domain, VMI: file}.Run(ctx, args...)
+		Expect(err).ToNot(HaveOccurred())
+		return []byte(out)
 	}
 	onlyDisk := func(doc []byte) libvirtxml.DomainDisk {
 		GinkgoHelper()

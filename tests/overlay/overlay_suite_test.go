@@ -22,7 +22,7 @@ func TestOverlay(t *testing.T) {
 }
 
 // vmi2domain is the tool built inside the patched tree for the suite.
-var vmi2domain string
+var vmi2domain framework.VMI2Domain
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	_, err := os.Stat(filepath.Join(framework.KubeVirtTree(), "pkg", "storage", "overlay", "overlay.go"))
@@ -31,7 +31,6 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	dir, err := os.MkdirTemp("", "overlay-vmi2domain-")
 	Expect(err).ToNot(HaveOccurred())
 	DeferCleanup(os.RemoveAll, dir)
-	source := filepath.Join(framework.RepoRoot(), "tests", "overlay", "testdata", "vmi2domain", "main.go")
-	Expect(framework.BuildInKubeVirtTree(ctx, map[string]string{"cmd/vmi2domain": source}, dir)).To(Succeed())
-	vmi2domain = filepath.Join(dir, "vmi2domain")
+	vmi2domain, err = framework.BuildVMI2Domain(ctx, dir)
+	Expect(err).ToNot(HaveOccurred())
 }, NodeTimeout(15*time.Minute))

@@ -1,14 +1,10 @@
 package overlay_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -36,16 +32,15 @@ var (
 
 // Paths of the virt-launcher compute container, as the converter and the
 // overlay creator name them (pkg/storage/overlay of the patched tree).
-const (
-	privateDir      = "/var/run/kubevirt-private"
-	ephemeralDir    = "/var/run/kubevirt-ephemeral-disks"
-	backingDevice   = "/dev/overlay-backing-" + volume
-	targetDevice    = "/dev/overlay-target-" + volume
-	backingImage    = privateDir + "/overlay-backing/" + volume + "/disk.img"
-	targetImage     = privateDir + "/overlay-target/" + volume + "/disk.qcow2"
-	ephemeralImage  = ephemeralDir + "/overlay-data/" + volume + "/disk.qcow2"
-	backingRecorded = "sampled-sha256"
+var (
+	backingDevice  = framework.OverlayBackingDevice(volume)
+	targetDevice   = framework.OverlayTargetDevice(volume)
+	backingImage   = framework.OverlayBackingImage(volume)
+	targetImage    = framework.OverlayTargetDir(volume) + "/disk.qcow2"
+	ephemeralImage = framework.OverlayEphemeralImage(volume)
 )
+
+const backingRecorded = "sampled-sha256"
 
 type backingKind int
 
@@ -65,11 +60,9 @@ const (
 
 // pod stands for a virt-launcher pod on the test host: the compute
 // container's directories under a temporary root, and loop devices for
-// Block mode claims. The tool finds every container path through -map.
+// Block mode claims. The tool finds every container path through its maps.
 type pod struct {
-	root    string
-	maps    map[string]string
-	vmiFile string
+	framework.Launcher
 
 	backing       string // where the backing is on the host
 	backingFormat string
@@ -81,10 +74,13 @@ func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
 	GinkgoHelper()
 	root := GinkgoT().TempDir()
 	p := &pod{
-		root: root,
-		maps: map[string]string{
-			privateDir:   filepath.Join(root, "private"),
-			ephemeralDir: filepath.Join(root, "ephemeral"),
+		Launcher: framework.Launcher{
+			Tool: vmi2domain,
+			VMI:  filepath.Join(root, "vmi.yaml"),
+			Maps: map[string]string{
+				framework.LauncherPrivateDir:   filepath.Join(root, "private"),
+				framework.LauncherEphemeralDir: filepath.Join(root, "ephemeral"),
+			},
 		},
 		backingFormat: "raw",
 	}
@@ -93,11 +89,11 @@ func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
 	Expect(framework.CreateBootDisk(ctx, golden, backingSize, firstBoot)).To(Succeed())
 	switch backing {
 	case rawFile:
-		p.backing = p.host(backingImage)
+		p.backing = p.Host(backingImage)
 		Expect(os.MkdirAll(filepath.Dir(p.backing), 0o755)).To(Succeed())
 		Expect(os.Rename(golden, p.backing)).To(Succeed())
 	case qcow2File:
-		p.backing = p.host(backingImage)
+		p.backing = p.Host(backingImage)
 		p.backingFormat = "qcow2"
 		Expect(os.MkdirAll(filepath.Dir(p.backing), 0o755)).To(Succeed())
 		_, err := framework.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", golden, p.backing)
@@ -106,30 +102,29 @@ func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
 		dev, err := framework.AttachLoop(ctx, golden)
 		framework.Require(err, "a loop device")
 		DeferCleanup(func(ctx SpecContext) { Expect(framework.DetachLoop(ctx, dev)).To(Succeed()) })
-		p.maps[backingDevice] = dev
+		p.Maps[backingDevice] = dev
 		p.backing = dev
 	}
 
 	overlaySpec := fmt.Sprintf("backingPVC: {claimName: golden}\n      backingFormat: %s", p.backingFormat)
 	switch target {
 	case noTarget:
-		p.target = p.host(ephemeralImage)
+		p.target = p.Host(ephemeralImage)
 	case fileTarget:
 		overlaySpec += "\n      persistent: true\n      targetPVC: {claimName: delta}"
-		p.target = p.host(targetImage)
+		p.target = p.Host(targetImage)
 		Expect(os.MkdirAll(filepath.Dir(p.target), 0o755)).To(Succeed())
 	case deviceTarget:
 		overlaySpec += "\n      persistent: true\n      targetPVC: {claimName: delta}"
 		dev, err := framework.CreateLoopFile(ctx, filepath.Join(root, "target.img"), targetSize)
 		framework.Require(err, "a loop device")
 		DeferCleanup(func(ctx SpecContext) { Expect(framework.DetachLoop(ctx, dev)).To(Succeed()) })
-		p.maps[targetDevice] = dev
+		p.Maps[targetDevice] = dev
 		p.target = dev
 		p.targetIsBlock = true
 	}
 
-	p.vmiFile = filepath.Join(root, "vmi.yaml")
-	Expect(os.WriteFile(p.vmiFile, []byte(fmt.Sprintf(`apiVersion: kubevirt.io/v1
+	Expect(os.WriteFile(p.VMI, []byte(fmt.Sprintf(`apiVersion: kubevirt.io/v1
 kind: VirtualMachineInstance
 metadata:
   name: overlay-guest
@@ -148,78 +143,14 @@ spec:
 	return p
 }
 
-// host is where the test host has a path of the compute container.
-func (p *pod) host(path string) string {
-	for old, repl := range p.maps {
-		if path == old || strings.HasPrefix(path, old+"/") {
-			return repl + strings.TrimPrefix(path, old)
-		}
-	}
-	return path
-}
-
-// launcher runs the tool: the converter, and the pre-start (-prepare) or
-// teardown (-cleanup) overlay step. It returns standard output and error.
-func (p *pod) launcher(ctx context.Context, step string) (string, string, error) {
-	args := []string{"-vmi", p.vmiFile}
-	for old, repl := range p.maps {
-		args = append(args, "-map", old+"="+repl)
-	}
-	if step != "" {
-		args = append(args, step)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, vmi2domain, args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	return stdout.String(), stderr.String(), err
-}
-
 // overlayDisk runs the pre-start step and returns the domain's overlay disk,
 // as the patched converter wrote it.
 func (p *pod) overlayDisk(ctx context.Context) libvirtxml.DomainDisk {
 	GinkgoHelper()
-	out, stderr, err := p.launcher(ctx, "-prepare")
-	Expect(err).ToNot(HaveOccurred(), stderr)
-	dom := &libvirtxml.Domain{}
-	Expect(dom.Unmarshal(out)).To(Succeed())
+	dom, err := p.Prepare(ctx)
+	Expect(err).ToNot(HaveOccurred())
 	Expect(dom.Devices.Disks).To(HaveLen(1))
 	return dom.Devices.Disks[0]
-}
-
-func protocol(isBlock bool) string {
-	if isBlock {
-		return "host_device"
-	}
-	return "file"
-}
-
-func jsonImage(node map[string]any) string {
-	GinkgoHelper()
-	data, err := json.Marshal(node)
-	Expect(err).ToNot(HaveOccurred())
-	return "json:" + string(data)
-}
-
-// overlayAlone names the overlay without its backing: what it holds itself.
-func (p *pod) overlayAlone() string {
-	return jsonImage(map[string]any{
-		"driver":  "qcow2",
-		"backing": nil,
-		"file":    map[string]any{"driver": protocol(p.targetIsBlock), "filename": p.target},
-	})
-}
-
-// chain names the overlay over its backing where the test host has it.
-func (p *pod) chain() string {
-	return jsonImage(map[string]any{
-		"driver": "qcow2",
-		"file":   map[string]any{"driver": protocol(p.targetIsBlock), "filename": p.target},
-		"backing": map[string]any{
-			"driver": p.backingFormat,
-			"file":   map[string]any{"driver": protocol(p.backing == p.maps[backingDevice]), "filename": p.backing},
-		},
-	})
 }
 
 var _ = Describe("overlay volumes booted from the patched converter's domain", Ordered, func() {
@@ -275,11 +206,10 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 
 			boot(ctx, disk)
 
-			Expect(framework.VerifyGuestWrites(ctx, p.overlayAlone(), "", firstBoot)).To(Succeed())
+			Expect(framework.VerifyGuestWrites(ctx, framework.OverlayAlone(p.target), "", firstBoot)).To(Succeed())
 			Expect(backingSum(p)).To(Equal(before))
 
-			_, stderr, err := p.launcher(ctx, "-cleanup")
-			Expect(err).ToNot(HaveOccurred(), stderr)
+			Expect(p.Cleanup(ctx)).To(Succeed())
 			Expect(p.target).ToNot(BeAnExistingFile())
 			Expect(filepath.Dir(p.target)).ToNot(BeAnExistingFile())
 			Expect(backingSum(p)).To(Equal(before))
@@ -303,21 +233,20 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 				Expect(disk.Source.File.File).To(Equal(p.target))
 			}
 			boot(ctx, disk)
-			Expect(framework.VerifyGuestWrites(ctx, p.overlayAlone(), "", firstBoot)).To(Succeed())
+			Expect(framework.VerifyGuestWrites(ctx, framework.OverlayAlone(p.target), "", firstBoot)).To(Succeed())
 
 			// The teardown step leaves a persistent overlay alone.
-			_, stderr, err := p.launcher(ctx, "-cleanup")
-			Expect(err).ToNot(HaveOccurred(), stderr)
+			Expect(p.Cleanup(ctx)).To(Succeed())
 			if !p.targetIsBlock {
 				Expect(p.target).To(BeARegularFile())
 			}
 
 			// The next boot writes elsewhere: its guest goes into the overlay.
-			Expect(framework.WriteBootSector(ctx, p.chain(), "", secondBoot)).To(Succeed())
+			Expect(framework.WriteBootSector(ctx, framework.OverlayOver(p.target, p.backing, p.backingFormat), "", secondBoot)).To(Succeed())
 			boot(ctx, p.overlayDisk(ctx))
 
-			Expect(framework.VerifyGuestWrites(ctx, p.overlayAlone(), "", firstBoot)).To(Succeed())
-			Expect(framework.VerifyGuestWrites(ctx, p.overlayAlone(), "", secondBoot)).To(Succeed())
+			Expect(framework.VerifyGuestWrites(ctx, framework.OverlayAlone(p.target), "", firstBoot)).To(Succeed())
+			Expect(framework.VerifyGuestWrites(ctx, framework.OverlayAlone(p.target), "", secondBoot)).To(Succeed())
 			Expect(backingSum(p)).To(Equal(before))
 		},
 		Entry("in a file target", fileTarget, SpecTimeout(4*time.Minute)),
@@ -334,7 +263,7 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 			// Another image with the same size: a rewritten boot sector.
 			Expect(framework.WriteBootSector(ctx, p.backing, "raw", secondBoot)).To(Succeed())
 
-			_, stderr, err := p.launcher(ctx, "-prepare")
+			_, stderr, err := p.Run(ctx, "-prepare")
 			Expect(err).To(HaveOccurred())
 			Expect(stderr).To(ContainSubstring("overlay volume " + volume + ": refusing to start: the backing image of overlay " + overlayPath + " changed since the overlay was created"))
 			Expect(stderr).To(ContainSubstring(fmt.Sprintf("size %d, %s", backingSize, backingRecorded)))

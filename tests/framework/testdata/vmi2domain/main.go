@@ -1,8 +1,9 @@
 // Command vmi2domain turns a VMI manifest into the libvirt domain XML that a
 // patched KubeVirt tree's virt-launcher converter makes of it, and runs the
 // launcher's overlay steps on its overlay volumes. It is built inside the
-// patched tree (tests/overlay copies nothing into it: it builds this file with
-// `go build -overlay`), so it exercises the patched packages themselves.
+// patched tree (framework.BuildVMI2Domain copies nothing into it: it builds
+// this file with `go build -overlay`), so it exercises the patched packages
+// themselves.
 //
 // Paths: the converter names paths of the virt-launcher compute container
 // (/var/run/kubevirt-private/..., /dev/overlay-...), which do not exist on a
