@@ -34,13 +34,42 @@ go-build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -buildid=' -o $(BIN)/overlay-hook ./hooks/overlay
 
 # OCI image layouts under _out/images, built without a container engine;
-# the same inputs give the same digests.
+# the same inputs give the same digests. Ours are from scratch: the hook,
+# the datamover controller, and the datamover pods' image (with qemu-img
+# and the libraries it loads on this machine). The patched KubeVirt
+# components are the upstream images with our binaries on top, at
+# upstream's paths and modes; their bases come from KUBEVIRT_BASE:
+# "registry" (quay.io/kubevirt/<component>:v1.7.0), or a directory holding
+# an OCI layout <component>/ or a docker archive <component>.tar each.
+# Without it they are skipped. Push: docs/install.md.
+IMAGE_REGISTRY ?= kubevirt-qcow2
 IMAGE_TAG ?= dev
-images: go-build
-	$(GO) run ./cmd/oci-image --out $(OUT)/images/overlay-hook \
-		--ref kubevirt-qcow2/overlay-hook:$(IMAGE_TAG) \
-		--file $(BIN)/overlay-hook:/usr/bin/overlay-hook:0755 \
-		--entrypoint /usr/bin/overlay-hook
+KUBEVIRT_BASE ?=
+KUBEVIRT_OUT ?= $(OUT)/kubevirt-v1.7.0
+KUBEVIRT_COMPONENTS := virt-api virt-controller virt-handler virt-launcher
+images: go-build $(BIN)/container-disk
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -buildid=' -o $(OUT)/static/ ./cmd/datamover-controller ./cmd/datamover-upload
+	$(BIN)/oci-image --out $(OUT)/images/overlay-hook --ref $(IMAGE_REGISTRY)/overlay-hook:$(IMAGE_TAG) \
+		--file $(BIN)/overlay-hook:/usr/bin/overlay-hook:0755 --entrypoint /usr/bin/overlay-hook
+	$(BIN)/oci-image --out $(OUT)/images/datamover-controller --ref $(IMAGE_REGISTRY)/datamover-controller:$(IMAGE_TAG) \
+		--file $(OUT)/static/datamover-controller:/usr/bin/datamover-controller:0755 \
+		--entrypoint /usr/bin/datamover-controller --user 65532
+	$(BIN)/oci-image --out $(OUT)/images/datamover --ref $(IMAGE_REGISTRY)/datamover:$(IMAGE_TAG) \
+		--file $(OUT)/static/datamover-upload:/usr/bin/datamover-upload:0755 \
+		--elf $$(command -v qemu-img):/usr/bin/qemu-img:0755 --entrypoint /usr/bin/datamover-upload
+	@if [[ -z "$(KUBEVIRT_BASE)" ]]; then \
+		echo "images: skipped $(KUBEVIRT_COMPONENTS): no KUBEVIRT_BASE (registry, or a directory of base images)"; exit 0; \
+	fi; \
+	for c in $(KUBEVIRT_COMPONENTS); do \
+		[[ -x $(KUBEVIRT_OUT)/bin/$$c ]] || { echo "images: no $(KUBEVIRT_OUT)/bin/$$c: run make kubevirt"; exit 1; }; \
+		case "$(KUBEVIRT_BASE)" in \
+		registry) base=quay.io/kubevirt/$$c:v1.7.0 ;; \
+		*) base=docker-archive:$(KUBEVIRT_BASE)/$$c.tar; [[ ! -d $(KUBEVIRT_BASE)/$$c ]] || base=oci:$(KUBEVIRT_BASE)/$$c ;; \
+		esac; \
+		files=(--file $(KUBEVIRT_OUT)/bin/$$c:/usr/bin/$$c:0555:0:0); \
+		[[ $$c != virt-launcher ]] || files+=(--file $(BIN)/container-disk:/usr/bin/container-disk:0555:0:0); \
+		$(BIN)/oci-image --base "$$base" --out $(OUT)/images/$$c --ref $(IMAGE_REGISTRY)/$$c:$(IMAGE_TAG) "$${files[@]}"; \
+	done
 
 $(BIN)/container-disk: $(wildcard containerdisk/*.c containerdisk/*.h)
 	@mkdir -p $(BIN)

@@ -1,13 +1,20 @@
-// Command oci-image writes a container image built from scratch as an OCI
-// image layout, without a container daemon:
+// Command oci-image builds container images without a container daemon and
+// pushes them. Build, from scratch or onto a base image:
 //
 //	oci-image --out _out/images/overlay-hook --ref kubevirt-qcow2/overlay-hook:dev \
 //	    --file _out/bin/overlay-hook:/usr/bin/overlay-hook:0755 \
 //	    --entrypoint /usr/bin/overlay-hook
+//	oci-image --base quay.io/kubevirt/virt-api:v1.7.0 --out _out/images/virt-api \
+//	    --ref registry.example/kubevirt/virt-api:v1.7.0-qcow2 \
+//	    --file _out/kubevirt-v1.7.0/bin/virt-api:/usr/bin/virt-api:0555:0:0
 //
-// It prints the image's manifest digest. The same inputs give the same
-// digest; SOURCE_DATE_EPOCH, when set, is the recorded creation time.
-// Push the layout with any OCI tool, e.g. `skopeo copy oci:<out> docker://...`.
+// The base is a registry reference, oci:DIR (an OCI image layout) or
+// docker-archive:FILE. It writes an OCI image layout (and with --archive a
+// docker archive), then prints the manifest digest and the command that
+// pushes it. The same inputs give the same digest; SOURCE_DATE_EPOCH, when
+// set, is the recorded creation time. Push:
+//
+//	oci-image push _out/images/virt-api registry.example/kubevirt/virt-api:v1.7.0-qcow2
 package main
 
 import (
@@ -19,6 +26,8 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/ociimage"
 )
 
@@ -28,20 +37,42 @@ func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "push" {
+		err = push(os.Args[2:])
+	} else {
+		err = build(os.Args[1:])
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "oci-image:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+func push(args []string) error {
+	if len(args) != 2 {
+		return fmt.Errorf("usage: oci-image push LAYOUT-DIR REFERENCE")
+	}
+	digest, err := ociimage.Push(args[0], args[1])
+	if err != nil {
+		return err
+	}
+	fmt.Printf("pushed %s@%s\n", args[1], digest)
+	return nil
+}
+
+func build(args []string) error {
 	fs := flag.NewFlagSet("oci-image", flag.ContinueOnError)
 	out := fs.String("out", "", "directory of the OCI image layout to write (replaced)")
-	ref := fs.String("ref", "", "image reference recorded in the layout, e.g. name:tag")
-	entrypoint := fs.String("entrypoint", "", "entrypoint, words separated by spaces")
-	user := fs.String("user", "", "user the image runs as")
-	var files, envs, labels listFlag
-	fs.Var(&files, "file", "SOURCE:IMAGE-PATH[:OCTAL-MODE], repeatable")
+	archive := fs.String("archive", "", "also write a docker archive (docker load, kind load image-archive) to this file")
+	ref := fs.String("ref", "", "image reference recorded in the layout and archive, e.g. registry/name:tag")
+	base := fs.String("base", "", "base image: a registry reference, oci:DIR or docker-archive:FILE; empty for scratch")
+	platform := fs.String("platform", "linux/amd64", "OS/ARCH picked from a multi-platform base")
+	entrypoint := fs.String("entrypoint", "", "entrypoint, words separated by spaces (default: the base's)")
+	user := fs.String("user", "", "user the image runs as (default: the base's)")
+	var files, elfs, envs, labels listFlag
+	fs.Var(&files, "file", "SOURCE:IMAGE-PATH[:OCTAL-MODE[:UID:GID]], repeatable")
+	fs.Var(&elfs, "elf", "SOURCE:IMAGE-PATH[:OCTAL-MODE]: a binary with the shared libraries it loads here, repeatable")
 	fs.Var(&envs, "env", "NAME=VALUE, repeatable")
 	fs.Var(&labels, "label", "KEY=VALUE, repeatable")
 	if err := fs.Parse(args); err != nil {
@@ -50,8 +81,11 @@ func run(args []string) error {
 		}
 		return err
 	}
-	if *out == "" || len(files) == 0 {
-		return fmt.Errorf("--out and at least one --file are required")
+	if *out == "" || len(files)+len(elfs) == 0 {
+		return fmt.Errorf("--out and at least one --file or --elf are required")
+	}
+	if *archive != "" && *ref == "" {
+		return fmt.Errorf("--archive needs --ref")
 	}
 
 	spec := ociimage.Spec{Env: envs, User: *user, Labels: map[string]string{}}
@@ -59,19 +93,22 @@ func run(args []string) error {
 		spec.Entrypoint = strings.Fields(*entrypoint)
 	}
 	for _, f := range files {
-		parts := strings.Split(f, ":")
-		if len(parts) < 2 || len(parts) > 3 {
-			return fmt.Errorf("--file %q: want SOURCE:IMAGE-PATH[:MODE]", f)
-		}
-		file := ociimage.File{Source: parts[0], Path: parts[1]}
-		if len(parts) == 3 {
-			mode, err := strconv.ParseUint(parts[2], 8, 32)
-			if err != nil {
-				return fmt.Errorf("--file %q: mode: %w", f, err)
-			}
-			file.Mode = os.FileMode(mode)
+		file, err := parseFile(f, true)
+		if err != nil {
+			return fmt.Errorf("--file %q: %w", f, err)
 		}
 		spec.Files = append(spec.Files, file)
+	}
+	for _, f := range elfs {
+		file, err := parseFile(f, false)
+		if err != nil {
+			return fmt.Errorf("--elf %q: %w", f, err)
+		}
+		withLibs, err := ociimage.WithLibraries(file.Source, file.Path, file.Mode)
+		if err != nil {
+			return fmt.Errorf("--elf %q: %w", f, err)
+		}
+		spec.Files = append(spec.Files, withLibs...)
 	}
 	for _, l := range labels {
 		k, v, ok := strings.Cut(l, "=")
@@ -87,6 +124,17 @@ func run(args []string) error {
 		}
 		spec.Created = time.Unix(secs, 0)
 	}
+	if *base != "" {
+		goos, goarch, ok := strings.Cut(*platform, "/")
+		if !ok {
+			return fmt.Errorf("--platform %q: want OS/ARCH", *platform)
+		}
+		img, err := ociimage.Load(*base, v1.Platform{OS: goos, Architecture: goarch})
+		if err != nil {
+			return err
+		}
+		spec.Base = img
+	}
 
 	img, err := ociimage.Build(spec)
 	if err != nil {
@@ -96,6 +144,45 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println(digest)
+	if *archive != "" {
+		if err := ociimage.WriteArchive(*archive, *ref, img); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("%s %s\n", *out, digest)
+	if *ref != "" {
+		fmt.Printf("  push: go run ./cmd/oci-image push %s %s\n", *out, *ref)
+	}
 	return nil
+}
+
+// parseFile reads SOURCE:IMAGE-PATH[:MODE[:UID:GID]]; owners only when
+// withOwner.
+func parseFile(s string, withOwner bool) (ociimage.File, error) {
+	parts := strings.Split(s, ":")
+	want, most := "SOURCE:IMAGE-PATH[:MODE]", 3
+	if withOwner {
+		want, most = "SOURCE:IMAGE-PATH[:MODE[:UID:GID]]", 5
+	}
+	if len(parts) < 2 || len(parts) > most || len(parts) == 4 {
+		return ociimage.File{}, fmt.Errorf("want %s", want)
+	}
+	file := ociimage.File{Source: parts[0], Path: parts[1]}
+	if len(parts) >= 3 {
+		mode, err := strconv.ParseUint(parts[2], 8, 32)
+		if err != nil {
+			return file, fmt.Errorf("mode: %w", err)
+		}
+		file.Mode = os.FileMode(mode)
+	}
+	if len(parts) == 5 {
+		var err error
+		if file.UID, err = strconv.Atoi(parts[3]); err != nil {
+			return file, fmt.Errorf("uid: %w", err)
+		}
+		if file.GID, err = strconv.Atoi(parts[4]); err != nil {
+			return file, fmt.Errorf("gid: %w", err)
+		}
+	}
+	return file, nil
 }

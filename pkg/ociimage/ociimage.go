@@ -1,8 +1,9 @@
-// Package ociimage builds small container images from scratch, without a
-// container daemon: one layer holding the given files, an OCI config, and
-// an OCI image layout on disk. Builds are reproducible: the same files and
-// settings give the same digests, whatever the machine, the time or the
-// files' owners and timestamps.
+// Package ociimage builds container images without a container daemon:
+// from scratch, or as a base image with one layer of files on top. Builds
+// are reproducible: the same base, files and settings give the same
+// digests, whatever the machine, the time or the files' owners and
+// timestamps. Images are written as OCI image layouts or docker archives
+// and pushed with go-containerregistry.
 package ociimage
 
 import (
@@ -10,15 +11,15 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -32,105 +33,158 @@ type File struct {
 	Source string
 	// Mode of the file in the image; 0644 when zero.
 	Mode os.FileMode
+	// UID and GID own the file in the image.
+	UID, GID int
 }
 
 // Spec describes an image.
 type Spec struct {
-	Files      []File
+	// Base is the image the files are layered onto; nil builds from
+	// scratch. The base's layers are kept as they are and its config is
+	// the starting point of the new one.
+	Base  v1.Image
+	Files []File
+	// Entrypoint, Cmd, User and WorkingDir replace the base's when set.
 	Entrypoint []string
 	Cmd        []string
-	Env        []string
 	User       string
 	WorkingDir string
-	Labels     map[string]string
-	// OS and Architecture default to linux and amd64.
+	// Env entries (NAME=VALUE) replace the base's of the same name or are
+	// added; Labels are merged over the base's.
+	Env    []string
+	Labels map[string]string
+	// OS and Architecture of an image from scratch default to linux and
+	// amd64; a layered image keeps its base's.
 	OS           string
 	Architecture string
 	// Created is the creation time recorded in the config and as the
-	// files' modification time; the Unix epoch when zero, for
-	// reproducibility (set it from SOURCE_DATE_EPOCH to record a date).
+	// files' modification time. When zero: the Unix epoch from scratch,
+	// the base's creation time when layered, for reproducibility (set it
+	// from SOURCE_DATE_EPOCH to record a date).
 	Created time.Time
 }
 
+const createdBy = "kubevirt-qcow2 ociimage"
+
 // Build assembles the image.
 func Build(spec Spec) (v1.Image, error) {
+	base, cfg, err := startFrom(spec.Base)
+	if err != nil {
+		return nil, fmt.Errorf("build image: base: %w", err)
+	}
 	created := spec.Created
 	if created.IsZero() {
-		created = time.Unix(0, 0)
+		created = cfg.Created.Time
 	}
 	created = created.UTC()
-	layerTar, err := tarFiles(spec.Files, created)
+
+	var lower map[string]*tar.Header
+	if spec.Base != nil {
+		if lower, err = fileSystem(spec.Base); err != nil {
+			return nil, fmt.Errorf("build image: read base: %w", err)
+		}
+	}
+	layerTar, err := tarFiles(spec.Files, lower, created)
 	if err != nil {
 		return nil, fmt.Errorf("build image: %w", err)
 	}
+	layerType, err := layerMediaType(base)
+	if err != nil {
+		return nil, fmt.Errorf("build image: base: %w", err)
+	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	}, tarball.WithMediaType(layerType))
 	if err != nil {
 		return nil, fmt.Errorf("build image: layer: %w", err)
 	}
-
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.Append(img, mutate.Addendum{
+	img, err := mutate.Append(base, mutate.Addendum{
 		Layer:     layer,
-		MediaType: types.OCILayer,
-		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: "kubevirt-qcow2 ociimage"},
+		MediaType: layerType,
+		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: createdBy},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("build image: %w", err)
 	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
+	// Append recorded the layer's diff id and history in the config.
+	if cfg, err = img.ConfigFile(); err != nil {
 		return nil, fmt.Errorf("build image: %w", err)
 	}
 	cfg = cfg.DeepCopy()
 	cfg.Created = v1.Time{Time: created}
-	cfg.OS = orDefault(spec.OS, "linux")
-	cfg.Architecture = orDefault(spec.Architecture, "amd64")
-	cfg.Config = v1.Config{
-		Entrypoint: spec.Entrypoint,
-		Cmd:        spec.Cmd,
-		Env:        spec.Env,
-		User:       spec.User,
-		WorkingDir: spec.WorkingDir,
-		Labels:     spec.Labels,
+	if spec.Base == nil {
+		cfg.OS = orDefault(spec.OS, "linux")
+		cfg.Architecture = orDefault(spec.Architecture, "amd64")
 	}
-	img, err = mutate.ConfigFile(img, cfg)
-	if err != nil {
+	applySettings(&cfg.Config, spec)
+	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return nil, fmt.Errorf("build image: %w", err)
 	}
 	return img, nil
 }
 
-// WriteLayout writes img as the only image of a fresh OCI image layout in
-// dir, tagged ref (annotation org.opencontainers.image.ref.name). An
-// existing layout in dir is replaced.
-func WriteLayout(dir, ref string, img v1.Image) (v1.Hash, error) {
-	if err := os.RemoveAll(dir); err != nil {
-		return v1.Hash{}, fmt.Errorf("write layout %s: %w", dir, err)
+// startFrom is the image to append to and its config: the base, or an
+// empty OCI image.
+func startFrom(base v1.Image) (v1.Image, *v1.ConfigFile, error) {
+	if base == nil {
+		img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+		img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+		return img, &v1.ConfigFile{Created: v1.Time{Time: time.Unix(0, 0)}}, nil
 	}
-	p, err := layout.Write(dir, empty.Index)
+	cfg, err := base.ConfigFile()
 	if err != nil {
-		return v1.Hash{}, fmt.Errorf("write layout %s: %w", dir, err)
+		return nil, nil, err
 	}
-	var opts []layout.Option
-	if ref != "" {
-		opts = append(opts, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref}))
-	}
-	if err := p.AppendImage(img, opts...); err != nil {
-		return v1.Hash{}, fmt.Errorf("write layout %s: %w", dir, err)
-	}
-	digest, err := img.Digest()
+	return base, cfg, nil
+}
+
+// layerMediaType matches the new layer to the manifest's format: registries
+// refuse OCI layers in a Docker manifest.
+func layerMediaType(img v1.Image) (types.MediaType, error) {
+	mt, err := img.MediaType()
 	if err != nil {
-		return v1.Hash{}, fmt.Errorf("write layout %s: %w", dir, err)
+		return "", err
 	}
-	return digest, nil
+	if mt == types.DockerManifestSchema2 {
+		return types.DockerLayer, nil
+	}
+	return types.OCILayer, nil
+}
+
+func applySettings(c *v1.Config, spec Spec) {
+	if spec.Entrypoint != nil {
+		c.Entrypoint = spec.Entrypoint
+	}
+	if spec.Cmd != nil {
+		c.Cmd = spec.Cmd
+	}
+	if spec.User != "" {
+		c.User = spec.User
+	}
+	if spec.WorkingDir != "" {
+		c.WorkingDir = spec.WorkingDir
+	}
+	for _, e := range spec.Env {
+		name, _, _ := strings.Cut(e, "=")
+		c.Env = slices.DeleteFunc(c.Env, func(old string) bool { return strings.HasPrefix(old, name+"=") })
+		c.Env = append(c.Env, e)
+	}
+	if len(spec.Labels) > 0 {
+		if c.Labels == nil {
+			c.Labels = map[string]string{}
+		}
+		maps.Copy(c.Labels, spec.Labels)
+	}
 }
 
 // tarFiles makes the layer: the files and their parent directories, in
-// name order, owned by root, all timestamps set to mtime.
-func tarFiles(files []File, mtime time.Time) ([]byte, error) {
+// name order, timestamps set to mtime. A parent the base (lower) already
+// has keeps the base's owner, mode and time, so the layer changes nothing
+// but the files; a parent missing there is root's, 0755. A file replaces
+// the base's file at its path; the base's directories and symbolic links
+// are refused as targets or parents, since writing over them would drop or
+// redirect what the base holds there.
+func tarFiles(files []File, lower map[string]*tar.Header, mtime time.Time) ([]byte, error) {
 	type entry struct {
 		name string
 		file *File
@@ -145,8 +199,14 @@ func tarFiles(files []File, mtime time.Time) ([]byte, error) {
 		if _, dup := entries[name]; dup {
 			return nil, fmt.Errorf("image path %q is given twice", f.Path)
 		}
+		if h, ok := lower[name]; ok && h.Typeflag != tar.TypeReg {
+			return nil, fmt.Errorf("image path %s is %s in the base image, not a regular file", f.Path, kind(h))
+		}
 		entries[name] = entry{name: name, file: f}
 		for dir := path.Dir(name); dir != "."; dir = path.Dir(dir) {
+			if h, ok := lower[dir]; ok && h.Typeflag != tar.TypeDir {
+				return nil, fmt.Errorf("image path %s: parent /%s is %s in the base image", f.Path, dir, kind(h))
+			}
 			entries[dir+"/"] = entry{name: dir + "/"}
 		}
 	}
@@ -155,11 +215,7 @@ func tarFiles(files []File, mtime time.Time) ([]byte, error) {
 			return nil, fmt.Errorf("image path /%s is both a file and a directory", n)
 		}
 	}
-	names := make([]string, 0, len(entries))
-	for n := range entries {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(entries))
 
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -168,6 +224,9 @@ func tarFiles(files []File, mtime time.Time) ([]byte, error) {
 		hdr := &tar.Header{Name: n, ModTime: mtime, Format: tar.FormatPAX}
 		if e.file == nil {
 			hdr.Typeflag, hdr.Mode = tar.TypeDir, 0o755
+			if h, ok := lower[strings.TrimSuffix(n, "/")]; ok {
+				hdr.Mode, hdr.Uid, hdr.Gid, hdr.ModTime = h.Mode, h.Uid, h.Gid, h.ModTime
+			}
 			if err := tw.WriteHeader(hdr); err != nil {
 				return nil, err
 			}
@@ -182,6 +241,7 @@ func tarFiles(files []File, mtime time.Time) ([]byte, error) {
 			mode = 0o644
 		}
 		hdr.Typeflag, hdr.Mode, hdr.Size = tar.TypeReg, int64(mode.Perm()), int64(len(data))
+		hdr.Uid, hdr.Gid = e.file.UID, e.file.GID
 		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, err
 		}
@@ -193,6 +253,40 @@ func tarFiles(files []File, mtime time.Time) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+func kind(h *tar.Header) string {
+	switch h.Typeflag {
+	case tar.TypeReg:
+		return "a regular file"
+	case tar.TypeDir:
+		return "a directory"
+	case tar.TypeSymlink:
+		return "a symbolic link to " + h.Linkname
+	case tar.TypeLink:
+		return "a hard link"
+	default:
+		return fmt.Sprintf("a special file (type %q)", h.Typeflag)
+	}
+}
+
+// fileSystem is the headers of what img's layers leave visible, whiteouts
+// applied, keyed by clean relative path.
+func fileSystem(img v1.Image) (map[string]*tar.Header, error) {
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	headers := map[string]*tar.Header{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return headers, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		headers[strings.TrimPrefix(path.Clean("/"+h.Name), "/")] = h
+	}
 }
 
 func orDefault(v, fallback string) string {

@@ -1,0 +1,73 @@
+package ociimage
+
+import (
+	"bytes"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// WithLibraries is the dynamically linked binary at source as an image file
+// at imagePath, plus the shared libraries and the program interpreter it
+// loads on this machine, each at the path where the loader finds it here.
+// The binary then runs in an image from scratch. A static binary comes
+// alone.
+func WithLibraries(source, imagePath string, mode os.FileMode) ([]File, error) {
+	files := []File{{Source: source, Path: imagePath, Mode: mode}}
+	interp, err := Interpreter(source)
+	if err != nil {
+		return nil, err
+	}
+	if interp == "" {
+		return files, nil
+	}
+	files = append(files, File{Source: interp, Path: interp, Mode: 0o755})
+	var stderr bytes.Buffer
+	cmd := exec.Command("ldd", source)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("libraries of %s: ldd: %w: %s", source, err, strings.TrimSpace(stderr.String()))
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		// "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)"; the
+		// vDSO and the interpreter have no "=>" path.
+		_, target, ok := strings.Cut(line, "=>")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(target)
+		if len(fields) == 0 || !filepath.IsAbs(fields[0]) {
+			return nil, fmt.Errorf("libraries of %s: unresolved: %s", source, strings.TrimSpace(line))
+		}
+		lib := filepath.Clean(fields[0])
+		if lib != interp {
+			files = append(files, File{Source: lib, Path: lib, Mode: 0o644})
+		}
+	}
+	return files, nil
+}
+
+// Interpreter is the program interpreter an ELF binary names (PT_INTERP),
+// empty for a static binary.
+func Interpreter(binary string) (string, error) {
+	f, err := elf.Open(binary)
+	if err != nil {
+		return "", fmt.Errorf("read ELF %s: %w", binary, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_INTERP {
+			continue
+		}
+		buf := make([]byte, p.Filesz)
+		if _, err := p.ReadAt(buf, 0); err != nil {
+			return "", fmt.Errorf("read ELF %s: interpreter: %w", binary, err)
+		}
+		return string(bytes.TrimRight(buf, "\x00")), nil
+	}
+	return "", nil
+}
