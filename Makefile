@@ -120,5 +120,12 @@ bench-overlay:
 bench-hooks:
 	$(GO) test -tags bench -run '^$$' -bench OnDefineDomain -benchtime 1000x -timeout 30m ./tests/hooks/
 
+# The local demo (docs/demo.md): three VMs from one golden image through
+# the patched converter, booted under a private libvirtd, then torn down.
+# Needs root and the patched tree `make` builds; output in _out/demo.
+.PHONY: demo
+demo:
+	FUNCTIONAL_VIRT_TYPE=$(FUNCTIONAL_VIRT_TYPE) $(GO) run ./hack/demo -out $(OUT)/demo
+
 clean:
 	rm -rf $(OUT) _build

@@ -1,0 +1,115 @@
+package overlaydemo
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/hack/demo/barchart"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
+)
+
+// Files in the output directory.
+const (
+	UsageTable = "disk-usage.txt"
+	UsageChart = "disk-usage.png"
+)
+
+// moments names the tables in the order measure takes them.
+var moments = []string{"after the first boot", "after the restart"}
+
+// diskUsage is one row of the table.
+type diskUsage struct {
+	disk, kind, format string
+	virtual            int64 // qemu-img info's virtual size
+	allocated          int64 // blocks the file holds on the host (stat)
+}
+
+// usageOf measures one image; an overlay is opened alone, its header names
+// its backing as the compute container has it.
+func usageOf(ctx context.Context, disk, kind, path, format string) (diskUsage, error) {
+	info, err := qcow2.Tool{}.Info(ctx, path, qcow2.InfoOptions{Format: format, NoBacking: format == qcow2.FormatQcow2})
+	if err != nil {
+		return diskUsage{}, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return diskUsage{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return diskUsage{disk: disk, kind: kind, format: format, virtual: info.VirtualSize, allocated: st.Blocks * 512}, nil
+}
+
+// measure prints the disk usage table of this moment and appends it to the
+// table file.
+func (d *demo) measure(ctx context.Context) error {
+	golden, err := usageOf(ctx, "golden", "backing", d.golden, qcow2.FormatRaw)
+	if err != nil {
+		return err
+	}
+	rows := []diskUsage{golden}
+	var overlays int64
+	for _, v := range d.vms {
+		row, err := usageOf(ctx, v.name, v.kind(), v.overlay, qcow2.FormatQcow2)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, row)
+		overlays += row.allocated
+	}
+	moment := moments[len(d.usage)]
+	d.usage = append(d.usage, rows)
+
+	var table strings.Builder
+	fmt.Fprintf(&table, "disk usage %s:\n", moment)
+	w := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "    disk\tkind\tformat\tvirtual size\tallocated\tallocated bytes")
+	for _, r := range rows {
+		fmt.Fprintf(w, "    %s\t%s\t%s\t%d MiB\t%.1f MiB\t%d\n", r.disk, r.kind, r.format, r.virtual/mib, float64(r.allocated)/mib, r.allocated)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(&table, "    the three overlays together: %.1f MiB; three full copies of the golden image: %.1f MiB\n",
+		float64(overlays)/mib, 3*float64(golden.allocated)/mib)
+
+	d.say("measured the disks (qemu-img info, stat):")
+	fmt.Fprint(d.Log, table.String())
+	flags := os.O_CREATE | os.O_WRONLY | os.O_APPEND
+	if len(d.usage) == 1 {
+		flags |= os.O_TRUNC
+	}
+	f, err := os.OpenFile(filepath.Join(d.OutDir, UsageTable), flags, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(table.String()); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// chart draws the allocated bytes of every disk at every moment measured.
+func (d *demo) chart(context.Context) error {
+	c := barchart.Chart{Title: "allocated bytes per disk"}
+	for _, r := range d.usage[0] {
+		c.Labels = append(c.Labels, r.disk+" ("+r.kind+")")
+	}
+	for i, rows := range d.usage {
+		s := barchart.Series{Name: moments[i]}
+		for _, r := range rows {
+			s.Values = append(s.Values, r.allocated)
+		}
+		c.Series = append(c.Series, s)
+	}
+	path := filepath.Join(d.OutDir, UsageChart)
+	if err := c.WritePNG(path); err != nil {
+		return err
+	}
+	d.say("drew the allocated bytes per disk into %s", path)
+	return nil
+}

@@ -1,0 +1,36 @@
+// Package demo_test runs `make demo`'s program end to end, as a user would,
+// and checks what it leaves: its output files agree with the images, and
+// nothing else remains.
+package demo_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+func TestDemo(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "local demo Suite")
+}
+
+// demo is the demo program, built for the suite.
+var demo string
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	_, err := os.Stat(filepath.Join(framework.KubeVirtTree(), "pkg", "storage", "overlay", "overlay.go"))
+	framework.Require(err, "the patched KubeVirt tree (make)")
+
+	demo = filepath.Join(GinkgoT().TempDir(), "demo")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", demo, "./hack/demo")
+	cmd.Dir = framework.RepoRoot()
+	out, err := cmd.CombinedOutput()
+	Expect(err).ToNot(HaveOccurred(), string(out))
+}, NodeTimeout(10*time.Minute))
