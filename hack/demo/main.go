@@ -19,6 +19,13 @@ import (
 )
 
 func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
 	// A flag set of its own: the framework's test dependencies register
 	// theirs on the default one.
 	flags := flag.NewFlagSet("demo", flag.ExitOnError)
@@ -32,8 +39,8 @@ func main() {
 	defer stop()
 	start := time.Now()
 	if err := overlaydemo.Run(ctx, opts); err != nil {
-		fmt.Fprintln(os.Stderr, "demo:", err)
-		os.Exit(1)
+		return err
 	}
 	fmt.Printf("demo finished in %s\n", time.Since(start).Round(100*time.Millisecond))
+	return nil
 }

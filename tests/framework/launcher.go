@@ -115,3 +115,25 @@ func (l Launcher) Host(path string) string {
 	}
 	return l.Maps[best] + strings.TrimPrefix(path, best)
 }
+
+// OverlayVMI is the manifest of a VMI with one virtio disk, from the
+// overlay volume named volume; overlay holds the overlay source's fields,
+// one "key: value" each.
+func OverlayVMI(name, namespace, volume string, overlay ...string) string {
+	return fmt.Sprintf(`apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  domain:
+    devices:
+      disks:
+      - name: %s
+        disk: {bus: virtio}
+  volumes:
+  - name: %s
+    overlay:
+      %s
+`, name, namespace, volume, volume, strings.Join(overlay, "\n      "))
+}

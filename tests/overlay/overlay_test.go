@@ -106,16 +106,16 @@ func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
 		p.backing = dev
 	}
 
-	overlaySpec := fmt.Sprintf("backingPVC: {claimName: golden}\n      backingFormat: %s", p.backingFormat)
+	overlay := []string{"backingPVC: {claimName: golden}", "backingFormat: " + p.backingFormat}
 	switch target {
 	case noTarget:
 		p.target = p.Host(ephemeralImage)
 	case fileTarget:
-		overlaySpec += "\n      persistent: true\n      targetPVC: {claimName: delta}"
+		overlay = append(overlay, "persistent: true", "targetPVC: {claimName: delta}")
 		p.target = p.Host(targetImage)
 		Expect(os.MkdirAll(filepath.Dir(p.target), 0o755)).To(Succeed())
 	case deviceTarget:
-		overlaySpec += "\n      persistent: true\n      targetPVC: {claimName: delta}"
+		overlay = append(overlay, "persistent: true", "targetPVC: {claimName: delta}")
 		dev, err := framework.CreateLoopFile(ctx, filepath.Join(root, "target.img"), targetSize)
 		framework.Require(err, "a loop device")
 		DeferCleanup(func(ctx SpecContext) { Expect(framework.DetachLoop(ctx, dev)).To(Succeed()) })
@@ -124,22 +124,7 @@ func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
 		p.targetIsBlock = true
 	}
 
-	Expect(os.WriteFile(p.VMI, []byte(fmt.Sprintf(`apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata:
-  name: overlay-guest
-  namespace: tests
-spec:
-  domain:
-    devices:
-      disks:
-      - name: %s
-        disk: {bus: virtio}
-  volumes:
-  - name: %s
-    overlay:
-      %s
-`, volume, volume, overlaySpec)), 0o644)).To(Succeed())
+	Expect(os.WriteFile(p.VMI, []byte(framework.OverlayVMI("overlay-guest", "tests", volume, overlay...)), 0o644)).To(Succeed())
 	return p
 }
 

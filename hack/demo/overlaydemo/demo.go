@@ -107,8 +107,14 @@ func Run(ctx context.Context, opts Options) (err error) {
 		if d.WorkDir, err = os.MkdirTemp("", "overlay-demo-"); err != nil {
 			return err
 		}
-	} else if err := os.Mkdir(d.WorkDir, 0o755); err != nil {
-		return fmt.Errorf("work directory: %w", err)
+	} else {
+		// Host paths in a VMI are absolute.
+		if d.WorkDir, err = filepath.Abs(d.WorkDir); err != nil {
+			return err
+		}
+		if err := os.Mkdir(d.WorkDir, 0o755); err != nil {
+			return fmt.Errorf("work directory: %w", err)
+		}
 	}
 	defer func() {
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), teardownTimeout)
@@ -151,8 +157,25 @@ func (d *demo) preflight() error {
 	if _, err := os.Stat(filepath.Join(tree, "pkg", "storage", "overlay", "overlay.go")); err != nil {
 		return fmt.Errorf("no patched KubeVirt tree at %s (its overlay package is missing): run `make` first, or set KUBEVIRT_TREE", tree)
 	}
-	d.say("found root, QEMU, libvirt, binutils and the patched KubeVirt tree %s", tree)
+	d.say("found root, QEMU, libvirt, binutils and the patched KubeVirt tree %s", relative(tree))
 	return nil
+}
+
+// relative names path from the current directory when it lies beneath it.
+func relative(path string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return path
+	}
+	return relativeTo(wd, path)
+}
+
+func relativeTo(dir, path string) string {
+	rel, err := filepath.Rel(dir, path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return path
+	}
+	return rel
 }
 
 func (d *demo) buildTool(ctx context.Context) error {
@@ -181,8 +204,8 @@ func (d *demo) makeGolden(ctx context.Context) error {
 	if d.sum, err = framework.SHA256(d.golden); err != nil {
 		return err
 	}
-	d.say("golden image %s: %d MiB raw, a bootable guest in sector 0, %d MiB of data; sha256 %.16s…",
-		d.golden, goldenSize/mib, goldenDataSize/mib, d.sum)
+	d.say("golden image %s in the work directory %s: %d MiB raw, a bootable guest in sector 0, %d MiB of data; sha256 %.16s…",
+		relativeTo(d.WorkDir, d.golden), d.WorkDir, goldenSize/mib, goldenDataSize/mib, d.sum)
 	return nil
 }
 
@@ -241,30 +264,15 @@ func (d *demo) writeVMI(v *vm) error {
 			framework.OverlayBackingImage(volume): d.golden,
 		},
 	}
-	source := fmt.Sprintf("backingHostPath: {path: %s}\n      backingFormat: raw", d.golden)
+	overlay := []string{"backingHostPath: {path: " + d.golden + "}", "backingFormat: raw"}
 	v.overlay = v.launcher.Host(framework.OverlayEphemeralImage(volume))
 	if v.persistent {
 		target := filepath.Join(d.WorkDir, "node", v.name)
 		v.launcher.Maps[framework.OverlayTargetDir(volume)] = target
 		v.overlay = filepath.Join(target, "disk.qcow2")
-		source += fmt.Sprintf("\n      persistent: true\n      targetHostPath: {path: %s}", target)
+		overlay = append(overlay, "persistent: true", "targetHostPath: {path: "+target+"}")
 	}
-	manifest := fmt.Sprintf(`apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata:
-  name: %s
-  namespace: demo
-spec:
-  domain:
-    devices:
-      disks:
-      - name: %s
-        disk: {bus: virtio}
-  volumes:
-  - name: %s
-    overlay:
-      %s
-`, v.name, volume, volume, source)
+	manifest := framework.OverlayVMI(v.name, "demo", volume, overlay...)
 	return os.WriteFile(v.launcher.VMI, []byte(manifest), 0o644)
 }
 
