@@ -127,6 +127,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		d.checkAfterRestart, d.checkGolden, d.measure, d.chart,
 	} {
 		if err := stage(ctx); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("interrupted: %w", err)
+			}
 			return err
 		}
 	}
