@@ -1,0 +1,42 @@
+// Package hotplug_test is the functional suite of containerDisk hotplug on
+// one node: the real container-disk program in attachment pod containers on
+// an image root filesystem, the patched virt-handler mounter and
+// virt-launcher converter (cdhotplug, built inside the patched tree), and a
+// running domain of a private libvirtd the disks are attached to.
+package hotplug_test
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/hotplug"
+)
+
+func TestHotplug(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "containerDisk hotplug functional Suite")
+}
+
+var tools hotplug.Tools
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	if os.Geteuid() != 0 {
+		framework.Require(os.ErrPermission, "root (mounts, namespaces, libvirtd)")
+	}
+	// make keeps the program current when its C sources changed.
+	out, err := exec.CommandContext(ctx, "make", "-C", framework.RepoRoot(), "_out/bin/container-disk").CombinedOutput()
+	framework.Require(err, "the container-disk build (make): "+string(out))
+
+	dir, err := os.MkdirTemp("", "hotplug-tools-")
+	Expect(err).ToNot(HaveOccurred())
+	DeferCleanup(os.RemoveAll, dir)
+	framework.Require(hotplug.TreeHasHotplug(), "the KubeVirt tree with the containerDisk hotplug patches")
+	tools, err = hotplug.BuildTools(ctx, dir)
+	Expect(err).ToNot(HaveOccurred())
+}, NodeTimeout(20*time.Minute))

@@ -1,0 +1,254 @@
+package hotplug_test
+
+import (
+	"context"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/hotplug"
+)
+
+const (
+	volume = "tools"
+	domain = "vm1"
+	// alias is the device name the launcher's converter gives the disk.
+	alias = "ua-" + volume
+)
+
+var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
+	var (
+		lv   *framework.Libvirtd
+		node *hotplug.Node
+		pods int
+	)
+
+	BeforeAll(func(ctx SpecContext) {
+		var err error
+		lv, err = framework.StartLibvirtd(ctx)
+		framework.Require(err, "libvirtd")
+		DeferCleanup(func(ctx SpecContext) { Expect(lv.Stop(ctx)).To(Succeed()) })
+
+		root := tempDir()
+		node, err = hotplug.NewNode(tools, framework.Binary("container-disk"), root, lv.SharedDir())
+		Expect(err).ToNot(HaveOccurred())
+		DeferCleanup(node.Close)
+		DeferCleanup(func() { Expect(removeUnmounted(filepath.Dir(node.KubeletPods))).To(Succeed()) })
+		Expect(hotplug.StartDomain(ctx, lv, root, domain)).To(Succeed())
+	}, NodeTimeout(3*time.Minute))
+
+	// newPod returns the UID of a new attachment pod: each add creates one.
+	newPod := func() string {
+		pods++
+		return fmt.Sprintf("attach-%04d", pods)
+	}
+
+	layer := func(ctx context.Context, kind hotplug.ImageKind) *hotplug.ImageLayer {
+		GinkgoHelper()
+		l, err := hotplug.NewImageLayer(ctx, tempDir(), kind)
+		Expect(err).ToNot(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) { Expect(l.Close(ctx)).To(Succeed()) })
+		return l
+	}
+
+	start := func(ctx context.Context, pod string, l *hotplug.ImageLayer) *hotplug.Container {
+		GinkgoHelper()
+		c, err := node.StartContainer(ctx, pod, volume, l)
+		Expect(err).ToNot(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) { Expect(c.Stop(ctx)).To(Succeed()) })
+		return c
+	}
+
+	// expectNothingLeft checks what a removal must leave: no mount under
+	// the kubelet pods directory on the host or in libvirtd's namespace, no
+	// mount record, an empty hotplug-disks directory, no disk in the domain.
+	expectNothingLeft := func(ctx context.Context) {
+		GinkgoHelper()
+		Expect(mountsUnder(framework.MountPoints, node.KubeletPods)).To(BeEmpty())
+		Expect(mountsUnder(lv.Mounts, node.KubeletPods)).To(BeEmpty())
+		Expect(os.ReadDir(node.StateDir)).To(BeEmpty(), "mount records")
+		Expect(os.ReadDir(node.LauncherHotplugDir())).To(BeEmpty())
+		disks, err := hotplug.DomainDisks(ctx, lv, domain)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(disks).To(HaveLen(1), "only the boot disk")
+	}
+
+	// teardown unmounts whatever virt-handler recorded for the VMI, as when
+	// the VMI goes: after a failure, nothing stays mounted.
+	teardown := func(ctx SpecContext) {
+		_, err := node.Unmount(ctx, hotplug.VMI(hotplugPhaseAttached), true)
+		Expect(err).ToNot(HaveOccurred())
+	}
+
+	// remove does what a removal of the volume does on the node: the
+	// launcher detaches the disk, virt-handler unmounts the volume gone from
+	// the spec, the attachment pod goes.
+	remove := func(ctx context.Context, disk string, c *hotplug.Container) hotplug.Report {
+		GinkgoHelper()
+		Expect(hotplug.Detach(ctx, lv, domain, disk)).To(Succeed())
+		Eventually(func() ([]libvirtxml.DomainDisk, error) { return hotplug.DomainDisks(ctx, lv, domain) }).
+			WithContext(ctx).Should(HaveLen(1))
+		r, err := node.Unmount(ctx, hotplug.VMI(hotplugPhaseAttached), false)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(c.Stop(ctx)).To(Succeed())
+		Expect(c.Socket).ToNot(BeAnExistingFile())
+		return r
+	}
+
+	DescribeTable("attaches the image read-only with its content, and removal leaves nothing behind",
+		func(ctx SpecContext, kind hotplug.ImageKind, format string) {
+			l := layer(ctx, kind)
+			imageBefore := checksum(l.Image)
+			pod := newPod()
+			c := start(ctx, pod, l)
+			v := hotplug.Volume{Name: volume, AttachPodUID: pod}
+
+			By("virt-handler finding the socket and mounting the image")
+			r, err := node.Mount(ctx, hotplug.VMI(hotplugPhaseAttached, v))
+			Expect(err).ToNot(HaveOccurred())
+			DeferCleanup(teardown)
+			Expect(r.Mounted).To(Equal(map[string]bool{volume: true}))
+			Expect(r.VolumeStatus).To(HaveLen(1))
+			Expect(r.VolumeStatus[0].ContainerDiskVolume).ToNot(BeNil())
+			Expect(r.VolumeStatus[0].ContainerDiskVolume.Checksum).To(Equal(imageBefore))
+
+			target := filepath.Join(node.LauncherHotplugDir(), volume)
+			if kind == hotplug.BlockDevice {
+				Expect(isBlockDevice(target, l.Device)).To(BeTrue(), "a device node of the image's device")
+				info, err := os.Stat(target)
+				Expect(err).ToNot(HaveOccurred())
+				Expect(info.Mode().Perm()&0o222).To(BeZero(), "a read-only device node")
+				Expect(r.DeviceRules).To(HaveLen(1))
+				Expect(r.DeviceRules[0].Allow).To(BeTrue())
+				Expect(mountsUnder(framework.MountPoints, node.KubeletPods)).To(BeEmpty())
+			} else {
+				target += ".img"
+				for _, mounts := range []func() ([]framework.Mount, error){framework.MountPoints, lv.Mounts} {
+					m := mountsUnder(mounts, node.KubeletPods)
+					Expect(m).To(HaveLen(1))
+					Expect(m[0].MountPoint).To(Equal(target))
+					Expect(m[0].Root).To(Equal("/disk/disk.img"), "the image in the container's root filesystem")
+					Expect(m[0].FSType).To(Equal("overlay"))
+				}
+			}
+
+			By("virt-launcher probing the image and converting the volume")
+			disks, err := node.Disks(ctx, hotplug.VMI(hotplugPhaseMounted, v))
+			Expect(err).ToNot(HaveOccurred())
+			Expect(disks).To(HaveLen(1))
+			disk := libvirtxml.DomainDisk{}
+			Expect(disk.Unmarshal(disks[0])).To(Succeed())
+			Expect(disk.ReadOnly).ToNot(BeNil())
+			Expect(disk.Driver.Type).To(Equal(format))
+			Expect(disk.Target.Bus).To(Equal("scsi"))
+			Expect(disk.BackingStore).To(BeNil(), "no overlay")
+			if kind == hotplug.BlockDevice {
+				Expect(disk.Source.Block.Dev).To(Equal(target))
+			} else {
+				Expect(disk.Source.File.File).To(Equal(target))
+			}
+
+			By("hot-attaching the disk to the running domain")
+			Expect(hotplug.Attach(ctx, lv, domain, disks[0])).To(Succeed())
+			attached, err := hotplug.DomainDisks(ctx, lv, domain)
+			Expect(err).ToNot(HaveOccurred())
+			Expect(attached).To(HaveLen(2))
+			Expect(attached[1].Alias.Name).To(Equal(alias))
+
+			By("reading the image's content through the attached device")
+			device, err := hotplug.QueryDevice(ctx, lv, domain, alias)
+			Expect(err).ToNot(HaveOccurred())
+			Expect(device.Inserted.ReadOnly).To(BeTrue(), "QEMU opened the disk read-only")
+			Expect(hotplug.CompareDeviceContent(ctx, lv, domain, alias, lv.SharedDir(), l.Content)).To(Succeed())
+
+			By("removing the volume")
+			r = remove(ctx, disks[0], c)
+			if kind == hotplug.BlockDevice {
+				Expect(r.DeviceRules).To(HaveLen(1))
+				Expect(r.DeviceRules[0].Allow).To(BeFalse(), "the device is denied again")
+			}
+			expectNothingLeft(ctx)
+			Expect(checksum(l.Image)).To(Equal(imageBefore), "the image is unchanged")
+		},
+		Entry("a raw file image", SpecTimeout(2*time.Minute), hotplug.RawFile, "raw"),
+		Entry("a qcow2 file image", SpecTimeout(2*time.Minute), hotplug.QCOW2File, "qcow2"),
+		Entry("a block device image (loop device)", SpecTimeout(2*time.Minute), hotplug.BlockDevice, "raw"),
+	)
+})
+
+// The volume status phases virt-handler mounts in and the launcher attaches
+// in.
+const (
+	hotplugPhaseAttached = "AttachedToNode"
+	hotplugPhaseMounted  = "MountedToPod"
+)
+
+// checksum is the CRC32 virt-handler records for an image, of a file or a
+// device's content.
+func checksum(path string) uint32 {
+	GinkgoHelper()
+	f, err := os.Open(path)
+	Expect(err).ToNot(HaveOccurred())
+	defer f.Close()
+	h := crc32.NewIEEE()
+	_, err = io.Copy(h, f)
+	Expect(err).ToNot(HaveOccurred())
+	return h.Sum32()
+}
+
+func isBlockDevice(path, of string) bool {
+	var st, want unix.Stat_t
+	if unix.Stat(path, &st) != nil || unix.Stat(of, &want) != nil {
+		return false
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFBLK && st.Rdev == want.Rdev
+}
+
+// mountsUnder lists the mounts at or beneath dir.
+func mountsUnder(list func() ([]framework.Mount, error), dir string) []framework.Mount {
+	GinkgoHelper()
+	mounts, err := list()
+	Expect(err).ToNot(HaveOccurred())
+	var under []framework.Mount
+	for _, m := range mounts {
+		if m.MountPoint == dir || strings.HasPrefix(m.MountPoint, dir+"/") {
+			under = append(under, m)
+		}
+	}
+	return under
+}
+
+// tempDir is a directory removed after the spec, unless something is still
+// mounted beneath it.
+func tempDir() string {
+	GinkgoHelper()
+	dir, err := os.MkdirTemp("", "hotplug-")
+	Expect(err).ToNot(HaveOccurred())
+	DeferCleanup(func() { Expect(removeUnmounted(dir)).To(Succeed()) })
+	return dir
+}
+
+// removeUnmounted removes dir, refusing while anything is mounted beneath
+// it: removing would reach into what is mounted.
+func removeUnmounted(dir string) error {
+	mounts, err := framework.MountPoints()
+	if err != nil {
+		return err
+	}
+	for _, m := range mounts {
+		if strings.HasPrefix(m.MountPoint, dir+"/") {
+			return fmt.Errorf("not removing %s: %s is still mounted", dir, m.MountPoint)
+		}
+	}
+	return os.RemoveAll(dir)
+}
