@@ -1,0 +1,162 @@
+package deploy_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
+	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+)
+
+const (
+	veleroNamespace = "velero"
+	vmNamespace     = "vms"
+	controllerUser  = "system:serviceaccount:kubevirt-datamover:datamover-controller"
+)
+
+var _ = Describe("deploy/datamover", Ordered, func() {
+	var (
+		ctx = context.Background()
+		c   client.Client
+	)
+
+	BeforeAll(func() {
+		scheme, err := datamover.NewScheme()
+		Expect(err).ToNot(HaveOccurred())
+		c, err = client.New(apiConfig, client.Options{Scheme: scheme})
+		Expect(err).ToNot(HaveOccurred())
+		for _, ns := range []string{veleroNamespace, vmNamespace} {
+			Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		}
+		applyServerSide(ctx, c, render("datamover"))
+	})
+
+	It("runs the controller from its image as its account, serving Velero's namespace", func() {
+		d := &appsv1.Deployment{}
+		Expect(c.Get(ctx, client.ObjectKey{Namespace: "kubevirt-datamover", Name: "datamover-controller"}, d)).To(Succeed())
+		pod := d.Spec.Template.Spec
+		Expect(pod.ServiceAccountName).To(Equal("datamover-controller"))
+		Expect(pod.Containers).To(HaveLen(1))
+		Expect(pod.Containers[0].Image).To(Equal("registry.example.com/kubevirt-qcow2/datamover-controller:dev"))
+		Expect(pod.Containers[0].Args).To(ContainElements("-namespace=velero", "-image=registry.example.com/kubevirt-qcow2/datamover:dev"))
+		Expect(*d.Spec.Replicas).To(BeEquivalentTo(1))
+		Expect(d.Spec.Strategy.Type).To(Equal(appsv1.RecreateDeploymentStrategyType))
+	})
+
+	// What pkg/datamover calls: cached reads list and watch, direct reads
+	// get; writes as the reconcilers make them.
+	DescribeTable("allows what the controller does",
+		func(namespace, group, resource string, verbs ...string) {
+			for _, verb := range verbs {
+				Expect(allowed(ctx, c, namespace, group, resource, verb)).To(BeTrue(), "%s %s.%s in %q", verb, resource, group, namespace)
+			}
+		},
+		Entry("watch and patch DataUploads", veleroNamespace, "velero.io", "datauploads", "get", "list", "watch", "patch"),
+		Entry("watch and patch DataDownloads", veleroNamespace, "velero.io", "datadownloads", "get", "list", "watch", "patch"),
+		Entry("watch locations", veleroNamespace, "velero.io", "backupstoragelocations", "get", "list", "watch"),
+		Entry("read the locations' credentials", veleroNamespace, "", "secrets", "get"),
+		Entry("record events on the requests", veleroNamespace, "", "events", "create", "patch"),
+		Entry("watch, create and delete pods", vmNamespace, "", "pods", "get", "list", "watch", "create", "delete"),
+		Entry("read, create and delete claims", vmNamespace, "", "persistentvolumeclaims", "get", "create", "delete"),
+		Entry("copy the credentials next to the pod", vmNamespace, "", "secrets", "create", "delete"),
+		Entry("read the VM", vmNamespace, "kubevirt.io", "virtualmachines", "get"),
+		Entry("run VirtualMachineBackups", vmNamespace, "backup.kubevirt.io", "virtualmachinebackups", "get", "list", "watch", "create", "delete"),
+		Entry("keep the trackers", vmNamespace, "backup.kubevirt.io", "virtualmachinebackuptrackers", "get", "create", "delete"),
+		Entry("watch pods in every namespace", "", "", "pods", "list", "watch"),
+		Entry("watch VirtualMachineBackups in every namespace", "", "backup.kubevirt.io", "virtualmachinebackups", "list", "watch"),
+	)
+
+	DescribeTable("allows nothing more",
+		func(namespace, group, resource, verb string) {
+			Expect(allowed(ctx, c, namespace, group, resource, verb)).To(BeFalse(), "%s %s.%s in %q", verb, resource, group, namespace)
+		},
+		Entry("read secrets outside Velero's namespace", vmNamespace, "", "secrets", "get"),
+		Entry("list secrets", veleroNamespace, "", "secrets", "list"),
+		Entry("change VMs", vmNamespace, "kubevirt.io", "virtualmachines", "update"),
+		Entry("delete DataUploads", veleroNamespace, "velero.io", "datauploads", "delete"),
+		Entry("change locations", veleroNamespace, "velero.io", "backupstoragelocations", "patch"),
+		Entry("touch DataUploads outside Velero's namespace", vmNamespace, "velero.io", "datauploads", "list"),
+		Entry("take leases (no leader election)", veleroNamespace, "coordination.k8s.io", "leases", "create"),
+	)
+
+	It("lets the controller's manager fill its caches under this account", func() {
+		// The controller as deployed: its account, its cache options, both
+		// reconcilers registered on the manager.
+		asController := rest.CopyConfig(apiConfig)
+		asController.Impersonate = rest.ImpersonationConfig{UserName: controllerUser}
+		scheme, err := datamover.NewScheme()
+		Expect(err).ToNot(HaveOccurred())
+		mgr, err := ctrl.NewManager(asController, ctrl.Options{
+			Scheme:                 scheme,
+			Cache:                  datamover.CacheOptions(veleroNamespace),
+			Metrics:                metricsserver.Options{BindAddress: "0"},
+			HealthProbeBindAddress: "0",
+		})
+		Expect(err).ToNot(HaveOccurred())
+		mgrCtx, stop := context.WithCancel(ctx)
+		Expect(datamover.Setup(mgrCtx, mgr, datamover.Config{Identity: "deploy-test", Image: "datamover:test",
+			Command: "/usr/bin/datamover-upload", PollInterval: time.Second})).To(Succeed())
+		done := make(chan error, 1)
+		go func() { done <- mgr.Start(mgrCtx) }()
+		DeferCleanup(func() {
+			stop()
+			Eventually(done).WithTimeout(time.Minute).Should(Receive(Not(HaveOccurred())))
+		})
+
+		// Each cached read blocks until its informer has listed and is
+		// watching: forbidden, it would time out.
+		reads := []client.ObjectList{
+			&velerov2.DataUploadList{}, &velerov2.DataDownloadList{}, &velerov1.BackupStorageLocationList{},
+			&corev1.PodList{}, vmBackupList(),
+		}
+		for _, list := range reads {
+			Eventually(func() error {
+				readCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				return mgr.GetCache().List(readCtx, list)
+			}).WithTimeout(time.Minute).Should(Succeed(), "cached list of %T as the controller", list)
+		}
+		// The direct reads too; and a secret elsewhere stays out of reach.
+		vm := &unstructured.Unstructured{}
+		vm.SetAPIVersion("kubevirt.io/v1")
+		vm.SetKind("VirtualMachine")
+		err = mgr.GetAPIReader().Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: "none"}, vm)
+		Expect(err).To(MatchError(ContainSubstring("not found")))
+		err = mgr.GetAPIReader().Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: "none"}, &corev1.Secret{})
+		Expect(err).To(MatchError(ContainSubstring("forbidden")))
+	})
+})
+
+func vmBackupList() *unstructured.UnstructuredList {
+	l := &unstructured.UnstructuredList{}
+	l.SetAPIVersion(datamover.VMBackupGVK.GroupVersion().String())
+	l.SetKind(datamover.VMBackupGVK.Kind + "List")
+	return l
+}
+
+// allowed asks the API server whether the controller's account may verb
+// the resource in namespace ("" for all namespaces).
+func allowed(ctx context.Context, c client.Client, namespace, group, resource, verb string) bool {
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: controllerUser,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: namespace, Group: group, Resource: resource, Verb: verb,
+		},
+	}}
+	Expect(c.Create(ctx, review)).To(Succeed(), fmt.Sprintf("review %s %s", verb, resource))
+	return review.Status.Allowed
+}

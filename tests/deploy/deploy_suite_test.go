@@ -1,0 +1,91 @@
+// Package deploy_test renders the kustomizations under deploy/ in-process
+// with kustomize (the version kubectl 1.33 embeds) and applies them to a
+// real kube-apiserver and etcd (envtest) with the patched tree's KubeVirt
+// CRDs, Velero's and KubeVirt's backup CRDs installed.
+package deploy_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+func TestDeploy(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Install manifests Suite")
+}
+
+// crdTool renders the CRDs virt-operator installs, from the tree it is
+// built in; the overlay admission suite's tool, reused.
+const crdTool = "tools/deploy-crds"
+
+var apiConfig *rest.Config
+
+var _ = BeforeSuite(func() {
+	ctrllog.SetLogger(GinkgoLogr)
+	tree := framework.KubeVirtTree()
+	_, err := os.Stat(filepath.Join(tree, "pkg", "storage", "admitters", "overlay.go"))
+	framework.Require(err, "the patched KubeVirt tree (hack/kubevirt.sh apply)")
+
+	work := GinkgoT().TempDir()
+	source, err := filepath.Abs(filepath.Join("..", "overlayadmission", "testdata", "crds", "main.go"))
+	Expect(err).ToNot(HaveOccurred())
+	bin := filepath.Join(work, "bin")
+	Expect(framework.BuildInKubeVirtTree(context.Background(), map[string]string{crdTool: source}, bin)).To(Succeed())
+	crdDir := filepath.Join(work, "crds")
+	out, err := exec.Command(filepath.Join(bin, filepath.Base(crdTool)), "--out", crdDir).CombinedOutput()
+	Expect(err).ToNot(HaveOccurred(), "render the patched CRDs: %s", out)
+
+	crds := append([]string{crdDir}, veleroCRDs()...)
+	backupCRDs, err := filepath.Glob(filepath.Join("..", "datamover", "testdata", "backup.kubevirt.io_*.yaml"))
+	Expect(err).ToNot(HaveOccurred())
+	Expect(backupCRDs).To(HaveLen(2))
+	server, err := framework.StartAPIServer(append(crds, backupCRDs...)...)
+	framework.Require(err, "kube-apiserver and etcd")
+	DeferCleanup(server.Stop)
+	apiConfig = server.Config
+})
+
+// veleroCRDs are the CRDs of the Velero objects the data mover serves, as
+// the Velero module ships them.
+func veleroCRDs() []string {
+	dir, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/vmware-tanzu/velero").Output()
+	Expect(err).ToNot(HaveOccurred(), "locate the velero module")
+	crds := filepath.Join(strings.TrimSpace(string(dir)), "config", "crd")
+	return []string{
+		filepath.Join(crds, "v2alpha1", "bases", "velero.io_datauploads.yaml"),
+		filepath.Join(crds, "v2alpha1", "bases", "velero.io_datadownloads.yaml"),
+		filepath.Join(crds, "v1", "bases", "velero.io_backupstoragelocations.yaml"),
+	}
+}
+
+// render builds a kustomization under deploy/ as `kubectl apply -k` would.
+func render(kustomization string) []*unstructured.Unstructured {
+	dir := filepath.Join(framework.RepoRoot(), "deploy", kustomization)
+	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	Expect(err).ToNot(HaveOccurred(), "kustomize build %s", dir)
+	var objs []*unstructured.Unstructured
+	for _, res := range resMap.Resources() {
+		// Through JSON: kustomize's maps hold Go ints, which unstructured
+		// objects do not.
+		data, err := res.MarshalJSON()
+		Expect(err).ToNot(HaveOccurred())
+		obj := &unstructured.Unstructured{}
+		Expect(obj.UnmarshalJSON(data)).To(Succeed())
+		objs = append(objs, obj)
+	}
+	return objs
+}
