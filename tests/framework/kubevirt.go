@@ -30,6 +30,10 @@ func BuildInKubeVirtTree(ctx context.Context, tools map[string]string, outDir st
 	if err != nil {
 		return err
 	}
+	// go runs in the tree: a relative outDir would land inside it.
+	if outDir, err = filepath.Abs(outDir); err != nil {
+		return err
+	}
 	replace := map[string]string{}
 	args := []string{"build"}
 	var pkgs []string

@@ -27,7 +27,7 @@ import (
 // Options says where the demo writes.
 type Options struct {
 	// OutDir receives the VMI manifests, the domain XML, the disk usage
-	// table and chart; it is kept.
+	// table and chart, and keeps vmi2domain for the next run.
 	OutDir string
 	// WorkDir holds the images and the stand-ins for the pods' and the
 	// node's directories; empty for a new temporary directory. It is
@@ -71,7 +71,9 @@ type vm struct {
 	launcher framework.Launcher
 	overlay  string // the overlay image on this host
 	disk     libvirtxml.DomainDisk
-	defined  bool
+	// created identifies the overlay file the first pre-start step made.
+	created os.FileInfo
+	defined bool
 }
 
 func (v *vm) kind() string {
@@ -98,6 +100,9 @@ type demo struct {
 func Run(ctx context.Context, opts Options) (err error) {
 	d := &demo{Options: opts, start: time.Now()}
 	if err := d.preflight(); err != nil {
+		return err
+	}
+	if d.OutDir, err = filepath.Abs(d.OutDir); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(d.OutDir, 0o755); err != nil {
@@ -181,12 +186,16 @@ func relativeTo(dir, path string) string {
 	return rel
 }
 
+// buildTool builds vmi2domain into the output directory: a binary that is
+// up to date with the tree is not linked again, which saves most of the
+// build on the next run.
 func (d *demo) buildTool(ctx context.Context) error {
+	dir := filepath.Join(d.OutDir, "bin")
 	var err error
-	if d.tool, err = framework.BuildVMI2Domain(ctx, filepath.Join(d.WorkDir, "bin")); err != nil {
+	if d.tool, err = framework.BuildVMI2Domain(ctx, dir); err != nil {
 		return err
 	}
-	d.say("built vmi2domain inside the patched tree: the patched virt-launcher converter and overlay steps")
+	d.say("built vmi2domain inside the patched tree into %s: the patched virt-launcher converter and overlay steps", relative(dir))
 	return nil
 }
 
@@ -279,7 +288,8 @@ func (d *demo) writeVMI(v *vm) error {
 	return os.WriteFile(v.launcher.VMI, []byte(manifest), 0o644)
 }
 
-// checkOverlayDisk checks what the converter made of v's volume.
+// checkOverlayDisk checks what the converter made of v's volume and
+// records which file the new overlay is.
 func checkOverlayDisk(v *vm, golden string) error {
 	disk := v.disk
 	switch {
@@ -291,9 +301,11 @@ func checkOverlayDisk(v *vm, golden string) error {
 		disk.BackingStore.Source.File.File != golden || disk.BackingStore.Format == nil || disk.BackingStore.Format.Type != "raw":
 		return fmt.Errorf("%s: the converter's disk has no raw backingStore %s", v.name, golden)
 	}
-	if _, err := os.Stat(v.overlay); err != nil {
+	info, err := os.Stat(v.overlay)
+	if err != nil {
 		return fmt.Errorf("%s: the pre-start step made no overlay: %w", v.name, err)
 	}
+	v.created = info
 	return nil
 }
 
@@ -440,6 +452,13 @@ func (d *demo) prepareAgain(ctx context.Context) error {
 			return fmt.Errorf("%s: the converter made a different disk on the restart", v.name)
 		}
 		if v.persistent {
+			info, err := os.Stat(v.overlay)
+			if err != nil {
+				return err
+			}
+			if !os.SameFile(info, v.created) {
+				return fmt.Errorf("%s: the persistent overlay %s was made anew", v.name, v.overlay)
+			}
 			if err := framework.VerifyGuestWrites(ctx, framework.OverlayAlone(v.overlay), "", v.guest); err != nil {
 				return fmt.Errorf("%s: the persistent overlay lost its data: %w", v.name, err)
 			}
@@ -447,7 +466,7 @@ func (d *demo) prepareAgain(ctx context.Context) error {
 			return fmt.Errorf("%s: %w", v.name, err)
 		}
 	}
-	d.say("ran the pre-start step again: same disks as before; vm-c's overlay validated and reused with its data, vm-a's and vm-b's new and empty")
+	d.say("ran the pre-start step again: same disks as before; vm-c's overlay validated and reused (the same file) with its data, vm-a's and vm-b's new and empty")
 	return nil
 }
 
@@ -554,6 +573,6 @@ func (d *demo) teardown(ctx context.Context) error {
 			return fmt.Errorf("teardown: %w", err)
 		}
 	}
-	d.say("tore down: domains undefined, libvirtd and its QEMUs stopped, no mounts left, %s; output in %s", kept, d.OutDir)
+	d.say("tore down: domains undefined, libvirtd and its QEMUs stopped, no mounts left, %s; output in %s", kept, relative(d.OutDir))
 	return nil
 }

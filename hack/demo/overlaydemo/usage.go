@@ -51,33 +51,21 @@ func (d *demo) measure(ctx context.Context) error {
 		return err
 	}
 	rows := []diskUsage{golden}
-	var overlays int64
 	for _, v := range d.vms {
 		row, err := usageOf(ctx, v.name, v.kind(), v.overlay, qcow2.FormatQcow2)
 		if err != nil {
 			return err
 		}
 		rows = append(rows, row)
-		overlays += row.allocated
 	}
-	moment := moments[len(d.usage)]
-	d.usage = append(d.usage, rows)
-
-	var table strings.Builder
-	fmt.Fprintf(&table, "disk usage %s:\n", moment)
-	w := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "    disk\tkind\tformat\tvirtual size\tallocated\tallocated bytes")
-	for _, r := range rows {
-		fmt.Fprintf(w, "    %s\t%s\t%s\t%d MiB\t%.1f MiB\t%d\n", r.disk, r.kind, r.format, r.virtual/mib, float64(r.allocated)/mib, r.allocated)
-	}
-	if err := w.Flush(); err != nil {
+	table, err := usageTable(moments[len(d.usage)], rows)
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(&table, "    the three overlays together: %.1f MiB; three full copies of the golden image: %.1f MiB\n",
-		float64(overlays)/mib, 3*float64(golden.allocated)/mib)
+	d.usage = append(d.usage, rows)
 
 	d.say("measured the disks (qemu-img info, stat):")
-	fmt.Fprint(d.Log, table.String())
+	fmt.Fprint(d.Log, table)
 	flags := os.O_CREATE | os.O_WRONLY | os.O_APPEND
 	if len(d.usage) == 1 {
 		flags |= os.O_TRUNC
@@ -86,11 +74,42 @@ func (d *demo) measure(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := f.WriteString(table.String()); err != nil {
+	if _, err := f.WriteString(table); err != nil {
 		f.Close()
 		return err
 	}
 	return f.Close()
+}
+
+// usageTable formats the rows of one moment, the golden image's first,
+// and compares the overlays with full copies of the golden image.
+func usageTable(moment string, rows []diskUsage) (string, error) {
+	var table strings.Builder
+	fmt.Fprintf(&table, "disk usage %s:\n", moment)
+	w := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "    disk\tkind\tformat\tvirtual size\tallocated\tallocated bytes")
+	var overlays int64
+	for i, r := range rows {
+		fmt.Fprintf(w, "    %s\t%s\t%s\t%s\t%.1f MiB\t%d\n", r.disk, r.kind, r.format, sizeMiB(r.virtual), float64(r.allocated)/mib, r.allocated)
+		if i > 0 {
+			overlays += r.allocated
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return "", err
+	}
+	copies := len(rows) - 1
+	fmt.Fprintf(&table, "    the %d overlays together: %.1f MiB; %d full copies of the golden image: %.1f MiB\n",
+		copies, float64(overlays)/mib, copies, float64(copies)*float64(rows[0].allocated)/mib)
+	return table.String(), nil
+}
+
+// sizeMiB shows a virtual size in whole MiB, or in bytes when it is not.
+func sizeMiB(size int64) string {
+	if size%mib != 0 {
+		return fmt.Sprintf("%d B", size)
+	}
+	return fmt.Sprintf("%d MiB", size/mib)
 }
 
 // chart draws the allocated bytes of every disk at every moment measured.
@@ -110,6 +129,6 @@ func (d *demo) chart(context.Context) error {
 	if err := c.WritePNG(path); err != nil {
 		return err
 	}
-	d.say("drew the allocated bytes per disk into %s", path)
+	d.say("drew the allocated bytes per disk into %s", relative(path))
 	return nil
 }
