@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,11 +32,13 @@ type Tools struct {
 	// VirtChroot is KubeVirt's own virt-chroot, which the mounter runs to
 	// mount in the node's mount namespace.
 	VirtChroot string
+	// CDValidate runs virt-api's validation of a VMI spec.
+	CDValidate string
 }
 
-// BuildTools builds cdhotplug and virt-chroot inside the patched KubeVirt
-// tree into dir. Both run in a chroot with nothing else in it, so they are
-// linked statically (no cgo).
+// BuildTools builds cdhotplug, cdvalidate and virt-chroot inside the
+// patched KubeVirt tree into dir. cdhotplug and virt-chroot run in a chroot
+// with nothing else in it, so they are linked statically (no cgo).
 func BuildTools(ctx context.Context, dir string) (Tools, error) {
 	tree := framework.KubeVirtTree()
 	if old, set := os.LookupEnv("CGO_ENABLED"); set {
@@ -45,14 +48,19 @@ func BuildTools(ctx context.Context, dir string) (Tools, error) {
 	}
 	os.Setenv("CGO_ENABLED", "0")
 	err := framework.BuildInKubeVirtTree(ctx, map[string]string{
-		"cmd/cdhotplug": filepath.Join(framework.RepoRoot(), "tests", "hotplug", "testdata", "cdhotplug", "main.go"),
+		"cmd/cdhotplug":  filepath.Join(framework.RepoRoot(), "tests", "hotplug", "testdata", "cdhotplug", "main.go"),
+		"cmd/cdvalidate": filepath.Join(framework.RepoRoot(), "tests", "hotplug", "testdata", "cdvalidate", "main.go"),
 		// The tree's own main.go: the overlay replaces it with itself.
 		"cmd/virt-chroot": filepath.Join(tree, "cmd", "virt-chroot", "main.go"),
 	}, dir)
 	if err != nil {
 		return Tools{}, err
 	}
-	return Tools{CDHotplug: filepath.Join(dir, "cdhotplug"), VirtChroot: filepath.Join(dir, "virt-chroot")}, nil
+	return Tools{
+		CDHotplug:  filepath.Join(dir, "cdhotplug"),
+		VirtChroot: filepath.Join(dir, "virt-chroot"),
+		CDValidate: filepath.Join(dir, "cdvalidate"),
+	}, nil
 }
 
 // TreeHasHotplug tells whether the KubeVirt tree has the containerDisk
@@ -403,6 +411,60 @@ func (n *Node) Disks(ctx context.Context, vmi []byte) ([]string, error) {
 		}
 	}
 	return disks, nil
+}
+
+// Cause is a cause of a refusal by virt-api's validation.
+type Cause struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// Validate runs virt-api's validation of each VMI's spec and returns the
+// causes of each refusal.
+func (n *Node) Validate(ctx context.Context, vmis ...[]byte) ([][]Cause, error) {
+	out, err := run(exec.CommandContext(ctx, n.tools.CDValidate), bytes.Join(vmis, nil))
+	if err != nil {
+		return nil, err
+	}
+	var causes [][]Cause
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for range vmis {
+		var c []Cause
+		if err := dec.Decode(&c); err != nil {
+			return nil, fmt.Errorf("cdvalidate printed %q: %w", out, err)
+		}
+		causes = append(causes, c)
+	}
+	return causes, nil
+}
+
+// Processes lists the processes in the node's PID namespace other than
+// its init, by their PIDs on the host.
+func (n *Node) Processes() ([]int, error) {
+	nodeNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid_for_children", n.init.Process.Pid))
+	if err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil && ns == nodeNS && !n.isInit(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+func (n *Node) isInit(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.init.Process.Pid, n.init.Process.Pid))
+	return err == nil && strings.TrimSpace(string(data)) == strconv.Itoa(pid)
 }
 
 // run runs cmd with input on its standard input; an error carries what it

@@ -82,6 +82,7 @@ func main() {
 		err = handlerStep(cmd, args)
 	case "disks":
 		err = launcherDisks(args)
+
 	default:
 		err = fmt.Errorf("unknown command %q", cmd)
 	}
