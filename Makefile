@@ -15,7 +15,7 @@ FUNCTIONAL_TIMEOUT ?= 60m
 # guest boots and writes about ten times faster under TCG: set "qemu" there.
 FUNCTIONAL_VIRT_TYPE ?=
 
-.PHONY: all deps build go-build images kubevirt test lint test-unit test-functional test-upstream bench bench-backup bench-thinp bench-hooks bench-overlay clean
+.PHONY: all deps build go-build images kubevirt test lint test-unit test-functional test-upstream bench bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug clean
 
 all: deps build
 
@@ -106,7 +106,7 @@ test-upstream:
 # Benchmarks compare alternatives side by side in one run and print ratios;
 # they need root, like the functional suites, and ~36 GiB free in /tmp
 # (the overlay benchmark copies a 16 GiB golden image).
-bench: bench-backup bench-thinp bench-hooks bench-overlay
+bench: bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug
 
 bench-backup:
 	$(GO) test -tags bench -count=1 -timeout 40m -run 'TestBackupDataPath|TestChild' -v ./tests/backup/bench
@@ -116,6 +116,10 @@ bench-thinp:
 
 bench-overlay:
 	$(GO) test -tags bench -count=1 -timeout 60m -v ./tests/bench/overlay
+
+# Hotplug of a containerDisk on one node, against attaching a plain file.
+bench-hotplug: $(BIN)/container-disk
+	FUNCTIONAL_VIRT_TYPE=$(FUNCTIONAL_VIRT_TYPE) $(GO) test -tags bench -count=1 -timeout 40m -v ./tests/hotplug/bench
 
 bench-hooks:
 	$(GO) test -tags bench -run '^$$' -bench OnDefineDomain -benchtime 1000x -timeout 30m ./tests/hooks/

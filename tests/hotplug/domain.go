@@ -12,7 +12,7 @@ import (
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
-// bootSectors keeps the guest's own writes short: it only has to be running.
+// bootGuest keeps the guest's own writes short: it only has to be running.
 var bootGuest = framework.GuestParams{StartLBA: 1, Sectors: 8, Seed: 3}
 
 // StartDomain starts a domain running the framework's BIOS guest with a

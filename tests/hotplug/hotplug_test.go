@@ -131,6 +131,9 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 				Expect(info.Mode().Perm()&0o222).To(BeZero(), "a read-only device node")
 				Expect(r.DeviceRules).To(HaveLen(1))
 				Expect(r.DeviceRules[0].Allow).To(BeTrue())
+				major, minor := deviceNumbers(l.Device)
+				Expect(r.DeviceRules[0].Major).To(Equal(major))
+				Expect(r.DeviceRules[0].Minor).To(Equal(minor))
 				Expect(mountsUnder(framework.MountPoints, node.KubeletPods)).To(BeEmpty())
 			} else {
 				target += ".img"
@@ -403,6 +406,14 @@ func isBlockDevice(path, of string) bool {
 		return false
 	}
 	return st.Mode&unix.S_IFMT == unix.S_IFBLK && st.Rdev == want.Rdev
+}
+
+// deviceNumbers are the major and minor numbers of a device node.
+func deviceNumbers(dev string) (int64, int64) {
+	GinkgoHelper()
+	var st unix.Stat_t
+	Expect(unix.Stat(dev, &st)).To(Succeed())
+	return int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
 }
 
 // mountsUnder lists the mounts at or beneath dir.

@@ -337,7 +337,6 @@ type Report struct {
 	} `json:"volumeStatus"`
 	Mounted     map[string]bool `json:"mounted"`
 	DeviceRules []struct {
-		Type  rune  `json:"type"`
 		Major int64 `json:"major"`
 		Minor int64 `json:"minor"`
 		Allow bool  `json:"allow"`
