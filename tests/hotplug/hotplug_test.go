@@ -195,10 +195,9 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 	add := func(ctx context.Context, l *hotplug.ImageLayer) (*hotplug.Container, string) {
 		GinkgoHelper()
 		pod := newPod()
-		c, err := node.StartContainer(ctx, pod, volume, l)
-		Expect(err).ToNot(HaveOccurred())
+		c := start(ctx, pod, l)
 		v := hotplug.Volume{Name: volume, AttachPodUID: pod}
-		_, err = node.Mount(ctx, hotplug.VMI(hotplugPhaseAttached, v))
+		_, err := node.Mount(ctx, hotplug.VMI(hotplugPhaseAttached, v))
 		Expect(err).ToNot(HaveOccurred())
 		disks, err := node.Disks(ctx, hotplug.VMI(hotplugPhaseMounted, v))
 		Expect(err).ToNot(HaveOccurred())
