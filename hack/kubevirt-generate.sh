@@ -4,15 +4,17 @@
 # hack/generate.sh (versions pinned by hack/builder/Dockerfile), without the
 # builder container.
 #
-#   tools     build the generators into the cache (idempotent)
-#   generate  build the tools, then regenerate in the tree (default)
-#   verify    generate, then fail if the tree differs from its last commit
+#   tools        build the generators into the cache (idempotent)
+#   generate     build the tools, then regenerate in the tree (default)
+#   verify       generate, then fail if the tree differs from its last commit
+#   build-files  only update the BUILD.bazel files (gazelle)
 #
 # Regenerated: swagger docs, deepcopy, defaulters, conversions, client-go's
 # openapi_generated.go (with the API rule violation check), the CRD
 # validation schemas (validations_generated.go, through controller-gen and
-# tools/crd-validation-generator), api/openapi-spec/swagger.json and the API
-# round-trip fixtures of kubevirt.io/api/apitesting (testdata/HEAD).
+# tools/crd-validation-generator), api/openapi-spec/swagger.json, the API
+# round-trip fixtures of kubevirt.io/api/apitesting (testdata/HEAD) and the
+# BUILD.bazel files of the Go packages (gazelle).
 # Not regenerated, because API types do not feed them: clientsets (no new
 # kinds), mocks, protobuf, manifests and examples.
 set -euo pipefail
@@ -27,6 +29,8 @@ readonly CONTROLLER_TOOLS_VERSION=v0.16.3
 # compile with current Go; v0.30.0 is the oldest that does and behaves alike.
 readonly CONTROLLER_TOOLS_X_TOOLS_VERSION=v0.30.0
 readonly SWAGGER_DOC_VERSION=v0.0.0-20181110145135-878f7deb1d17
+# bazel_gazelle in KubeVirt v1.7.0's WORKSPACE.
+readonly GAZELLE_VERSION=v0.39.1
 readonly OPENAPI_RULES_UNKNOWN_TO_PINNED_GENERATOR='^API rule violation: streaming_list_type_json_tags,'
 
 readonly GENERATORS_DIR="${QCOW2_CACHE}/generators"
@@ -133,13 +137,20 @@ build_in_tools_module() {
 	(cd "${dir}" && GOFLAGS=-mod=mod go build -o "${bin}" "${package}")
 }
 
+# A tool that installs as is from the module proxy.
+install_tool() {
+	local name=$1 version=$2 package=$3
+	local bin
+	bin=$(tool "${name}" "${version}")
+	[[ -x ${bin} ]] && return 0
+	log "building ${name} ${version}"
+	GOBIN=$(dirname "${bin}") go install "${package}@${version}"
+}
+
 build_code_generators() {
-	local name bin
+	local name
 	for name in deepcopy-gen defaulter-gen conversion-gen; do
-		bin=$(tool "${name}" "${CODE_GENERATOR_VERSION}")
-		[[ -x ${bin} ]] && continue
-		log "building ${name} ${CODE_GENERATOR_VERSION}"
-		GOBIN=$(dirname "${bin}") go install "k8s.io/code-generator/cmd/${name}@${CODE_GENERATOR_VERSION}"
+		install_tool "${name}" "${CODE_GENERATOR_VERSION}" "k8s.io/code-generator/cmd/${name}"
 	done
 }
 
@@ -168,6 +179,7 @@ build_tools() {
 		github.com/rmohr/go-swagger-utils/swagger-doc \
 		"github.com/rmohr/go-swagger-utils@${SWAGGER_DOC_VERSION}"
 	build_openapi_gen
+	install_tool gazelle "${GAZELLE_VERSION}" github.com/bazelbuild/bazel-gazelle/cmd/gazelle
 }
 
 build_tree_tool() {
@@ -264,8 +276,35 @@ generate_api_testdata() {
 		die "API round-trip fixtures do not pass after regeneration"
 }
 
+# BUILD.bazel files as the tree's hack/bazel-fmt.sh has gazelle write them
+# (`bazel run //:gazelle -- pkg/ tools/ tests/ cmd/`, with the root
+# BUILD.bazel's build_tags = ["selinux"]), without Bazel:
+# - KubeVirt resolves imports from outside the tree to its vendored
+#   packages; the module proxy has no vendor/, so -external=vendored names
+#   the same //vendor/... labels.
+# - The BUILD.bazel files of the staging modules are not in their module
+#   zips (their .gitignore drops them), yet gazelle needs them to resolve
+#   kubevirt.io/api and kubevirt.io/client-go to //staging/src/...: they are
+#   generated in the same run and removed afterwards.
+generate_build_files() {
+	[[ -e ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run hack/kubevirt.sh apply"
+	install_tool gazelle "${GAZELLE_VERSION}" github.com/bazelbuild/bazel-gazelle/cmd/gazelle
+	log "gazelle"
+	local staging=(staging/src/kubevirt.io/api staging/src/kubevirt.io/client-go)
+	local kept
+	kept=$(in_tree find "${staging[@]}" -name BUILD.bazel)
+	local status=0
+	in_tree "$(tool gazelle "${GAZELLE_VERSION}")" update -external=vendored -build_tags=selinux \
+		"${staging[@]}" pkg/ tools/ tests/ cmd/ || status=$?
+	local file
+	while read -r file; do
+		grep -qxF "${file}" <<<"${kept}" || rm -f "${KUBEVIRT_TREE}/${file}"
+	done < <(in_tree find "${staging[@]}" -name BUILD.bazel)
+	[[ ${status} -eq 0 ]] || die "gazelle failed"
+}
+
 generate() {
-	[[ -d ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run hack/kubevirt.sh apply"
+	[[ -e ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run hack/kubevirt.sh apply"
 	build_tools
 	build_tree_tool crd-validation-generator
 	generate_swagger_docs
@@ -276,6 +315,7 @@ generate() {
 	build_tree_tool openapispec
 	generate_openapi_spec
 	generate_api_testdata
+	generate_build_files
 	log "regenerated; review with: git -C ${KUBEVIRT_TREE} status"
 }
 
@@ -291,7 +331,7 @@ verify() {
 }
 
 usage() {
-	echo "usage: $0 [tools|generate|verify]" >&2
+	echo "usage: $0 [tools|generate|verify|build-files]" >&2
 	exit 2
 }
 
@@ -301,6 +341,7 @@ main() {
 	tools) build_tools ;;
 	generate) generate ;;
 	verify) verify ;;
+	build-files) generate_build_files ;;
 	*) usage ;;
 	esac
 }
