@@ -89,6 +89,12 @@ type QEMUDisk struct {
 	Inserted *struct {
 		NodeName string `json:"node-name"`
 		ReadOnly bool   `json:"ro"`
+		Image    struct {
+			Filename     string `json:"filename"`
+			BackingImage *struct {
+				Filename string `json:"filename"`
+			} `json:"backing-image"`
+		} `json:"image"`
 	} `json:"inserted"`
 }
 

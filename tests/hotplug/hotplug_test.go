@@ -1,6 +1,7 @@
 package hotplug_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"hash/crc32"
@@ -45,6 +46,7 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 		Expect(err).ToNot(HaveOccurred())
 		DeferCleanup(node.Close)
 		DeferCleanup(func() { Expect(removeUnmounted(filepath.Dir(node.KubeletPods))).To(Succeed()) })
+		Expect(node.LinkPodPaths(filepath.Join(lv.Dir(), "run"))).To(Succeed())
 		Expect(hotplug.StartDomain(ctx, lv, root, domain)).To(Succeed())
 	}, NodeTimeout(3*time.Minute))
 
@@ -188,6 +190,58 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 		Entry("a qcow2 file image", SpecTimeout(2*time.Minute), hotplug.QCOW2File, "qcow2"),
 		Entry("a block device image (loop device)", SpecTimeout(2*time.Minute), hotplug.BlockDevice, "raw"),
 	)
+
+	It("gives a writable volume an overlay that takes the writes and goes on unplug, the image unchanged", func(ctx SpecContext) {
+		l := layer(ctx, hotplug.RawFile)
+		imageBefore := checksum(l.Image)
+		pod := newPod()
+		c := start(ctx, pod, l)
+		v := hotplug.Volume{Name: volume, AttachPodUID: pod, Writable: true}
+		_, err := node.Mount(ctx, hotplug.VMI(hotplugPhaseAttached, v))
+		Expect(err).ToNot(HaveOccurred())
+		DeferCleanup(teardown)
+
+		disks, err := node.Disks(ctx, hotplug.VMI(hotplugPhaseMounted, v))
+		Expect(err).ToNot(HaveOccurred())
+		Expect(disks).To(HaveLen(1))
+		disk := libvirtxml.DomainDisk{}
+		Expect(disk.Unmarshal(disks[0])).To(Succeed())
+		overlayDir := filepath.Join(node.LauncherEphemeralDir(), "hotplug-overlay-data", volume)
+		Expect(disk.ReadOnly).To(BeNil())
+		Expect(disk.Driver.Type).To(Equal("qcow2"))
+		Expect(disk.Source.File.File).To(Equal(filepath.Join(overlayDir, "disk.qcow2")))
+
+		Expect(hotplug.Attach(ctx, lv, domain, disks[0])).To(Succeed())
+		device, err := hotplug.QueryDevice(ctx, lv, domain, alias)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(device.Inserted.ReadOnly).To(BeFalse())
+		Expect(device.Inserted.Image.BackingImage).ToNot(BeNil(), "QEMU opened the overlay over the image")
+		Expect(device.Inserted.Image.BackingImage.Filename).To(Equal("/var/run/kubevirt/hotplug-disks/" + volume + ".img"))
+
+		By("writing through the attached device")
+		const written = 0x7a
+		_, err = lv.HMP(ctx, domain, fmt.Sprintf(`qemu-io -d %s "write -P 0x%x 0 %d"`, alias, written, hotplug.RegionSize))
+		Expect(err).ToNot(HaveOccurred())
+		want := filepath.Join(tempDir(), "want.raw")
+		content, err := os.ReadFile(l.Content)
+		Expect(err).ToNot(HaveOccurred())
+		copy(content, bytes.Repeat([]byte{written}, hotplug.RegionSize))
+		Expect(os.WriteFile(want, content, 0o644)).To(Succeed())
+		Expect(hotplug.CompareDeviceContent(ctx, lv, domain, alias, lv.SharedDir(), want)).To(Succeed())
+		Expect(checksum(l.Image)).To(Equal(imageBefore), "the writes are in the overlay")
+
+		By("unplugging")
+		Expect(hotplug.Detach(ctx, lv, domain, disks[0])).To(Succeed())
+		Eventually(func() ([]libvirtxml.DomainDisk, error) { return hotplug.DomainDisks(ctx, lv, domain) }).
+			WithContext(ctx).Should(HaveLen(1))
+		Expect(node.UnplugOverlays(ctx, hotplug.VMI(hotplugPhaseAttached))).To(Succeed())
+		Expect(overlayDir).ToNot(BeAnExistingFile(), "the overlay is gone")
+		_, err = node.Unmount(ctx, hotplug.VMI(hotplugPhaseAttached), false)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(c.Stop(ctx)).To(Succeed())
+		expectNothingLeft(ctx)
+		Expect(checksum(l.Image)).To(Equal(imageBefore))
+	}, SpecTimeout(2*time.Minute))
 
 	// add does what adding the volume does on the node and returns the
 	// attached disk's XML: the attachment pod's container serves the image,

@@ -119,7 +119,7 @@ func NewNode(tools Tools, containerDisk, root, sharedDir string) (*Node, error) 
 	if _, err := os.Stat(containerDisk); err != nil {
 		return nil, fmt.Errorf("the container-disk program (make): %w", err)
 	}
-	dirs := []string{n.StateDir, n.LauncherHotplugDir()}
+	dirs := []string{n.StateDir, n.LauncherHotplugDir(), n.LauncherEphemeralDir()}
 	for _, d := range []string{"pods", "proc", "dev", "usr/bin"} {
 		dirs = append(dirs, filepath.Join(root, handlerRoot, d))
 	}
@@ -184,6 +184,32 @@ func (n *Node) nodeCommand(ctx context.Context, name string, args ...string) *ex
 // the host: /var/run/kubevirt/hotplug-disks in the pod.
 func (n *Node) LauncherHotplugDir() string {
 	return n.emptyDir(LauncherUID, "hotplug-disks")
+}
+
+// LauncherEphemeralDir is the virt-launcher pod's ephemeral-disks emptyDir
+// on the host: /var/run/kubevirt-ephemeral-disks in the pod, where the
+// overlay of a writable hotplugged containerDisk lives.
+func (n *Node) LauncherEphemeralDir() string {
+	return n.emptyDir(LauncherUID, "ephemeral-disks")
+}
+
+// LinkPodPaths makes the virt-launcher pod's disk directories resolve in
+// QEMU's mount namespace, whose /run is runDir on the host, as they do in
+// the pod: the overlay of a writable volume names its backing by its path
+// in the pod, and libvirt follows it.
+func (n *Node) LinkPodPaths(runDir string) error {
+	for link, target := range map[string]string{
+		filepath.Join(runDir, "kubevirt", "hotplug-disks"): n.LauncherHotplugDir(),
+		filepath.Join(runDir, "kubevirt-ephemeral-disks"):  n.LauncherEphemeralDir(),
+	} {
+		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+			return err
+		}
+		if err := os.Symlink(target, link); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (n *Node) emptyDir(podUID, volume string) string {
@@ -287,6 +313,9 @@ type Volume struct {
 	AttachPodUID string
 	// Path is containerDisk.path, empty for the single file under /disk.
 	Path string
+	// Writable asks for a writable disk: an ephemeral overlay over the
+	// image.
+	Writable bool
 }
 
 // VMI renders the VMI with the volumes hotplugged on scsi, each in phase,
@@ -295,7 +324,7 @@ func VMI(phase string, volumes ...Volume) []byte {
 	type obj = map[string]any
 	var disks, vols, statuses []obj
 	for _, v := range volumes {
-		disks = append(disks, obj{"name": v.Name, "disk": obj{"bus": "scsi", "readonly": true}})
+		disks = append(disks, obj{"name": v.Name, "disk": obj{"bus": "scsi", "readonly": !v.Writable}})
 		source := obj{"image": "registry.example/tools-disk:1.2", "hotpluggable": true}
 		if v.Path != "" {
 			source["path"] = v.Path
@@ -396,10 +425,12 @@ func (n *Node) handler(ctx context.Context, vmi []byte, step string, args ...str
 	return r, nil
 }
 
-// Disks runs virt-launcher's probing and conversion of the VMI and returns
-// the XML of each hotplug disk as the launcher attaches it.
+// Disks runs virt-launcher's probing, overlay creation and conversion of
+// the VMI and returns the XML of each hotplug disk as the launcher attaches
+// it.
 func (n *Node) Disks(ctx context.Context, vmi []byte) ([]string, error) {
-	out, err := run(exec.CommandContext(ctx, n.tools.CDHotplug, "disks", "-hotplug-dir", n.LauncherHotplugDir()), vmi)
+	out, err := run(exec.CommandContext(ctx, n.tools.CDHotplug, "disks",
+		"-hotplug-dir", n.LauncherHotplugDir(), "-ephemeral-dir", n.LauncherEphemeralDir()), vmi)
 	if err != nil {
 		return nil, err
 	}
@@ -410,6 +441,13 @@ func (n *Node) Disks(ctx context.Context, vmi []byte) ([]string, error) {
 		}
 	}
 	return disks, nil
+}
+
+// UnplugOverlays runs the launcher's removal of the overlays of writable
+// volumes no longer in the VMI.
+func (n *Node) UnplugOverlays(ctx context.Context, vmi []byte) error {
+	_, err := run(exec.CommandContext(ctx, n.tools.CDHotplug, "unplug", "-ephemeral-dir", n.LauncherEphemeralDir()), vmi)
+	return err
 }
 
 // Cause is a cause of a refusal by virt-api's validation.

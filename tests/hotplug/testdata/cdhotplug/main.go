@@ -8,7 +8,8 @@
 //
 //	cdhotplug mount -kubelet-pods DIR -state DIR
 //	cdhotplug unmount -kubelet-pods DIR -state DIR [-all]
-//	cdhotplug disks -hotplug-dir DIR
+//	cdhotplug disks -hotplug-dir DIR -ephemeral-dir DIR
+//	cdhotplug unplug -ephemeral-dir DIR
 //
 // mount and unmount are virt-handler's steps and expect its container: the
 // kubelet pods directory at /pods, the host's init as PID 1, virt-chroot at
@@ -18,10 +19,12 @@
 // with the mounter's error on standard error.
 //
 // disks is virt-launcher's step: it probes each mounted image as the
-// launcher does before it converts the VMI, converts it, and prints the XML
-// of every hotplug disk as the launcher passes it to AttachDeviceFlags, one
-// per line, with the hotplug disk directory of the pod (v1.HotplugDiskDir)
-// found at DIR.
+// launcher does before it converts the VMI, makes the ephemeral overlay of
+// each writable one, converts the VMI, and prints the XML of every hotplug
+// disk as the launcher passes it to AttachDeviceFlags, one per line. The
+// pod's hotplug disk directory (v1.HotplugDiskDir) and ephemeral disk
+// directory are found at the given directories. unplug is the launcher's
+// removal of the overlays of writable volumes no longer in the VMI.
 package main
 
 import (
@@ -41,7 +44,10 @@ import (
 
 	v1 "kubevirt.io/api/core/v1"
 
+	ephemeraldisk "kubevirt.io/kubevirt/pkg/ephemeral-disk"
+	diskutils "kubevirt.io/kubevirt/pkg/ephemeral-disk-utils"
 	osdisk "kubevirt.io/kubevirt/pkg/os/disk"
+	"kubevirt.io/kubevirt/pkg/storage/overlay"
 	storagetypes "kubevirt.io/kubevirt/pkg/storage/types"
 	"kubevirt.io/kubevirt/pkg/virt-handler/cgroup"
 	containerdisk "kubevirt.io/kubevirt/pkg/virt-handler/container-disk"
@@ -82,6 +88,8 @@ func main() {
 		err = handlerStep(cmd, args)
 	case "disks":
 		err = launcherDisks(args)
+	case "unplug":
+		err = launcherUnplug(args)
 
 	default:
 		err = fmt.Errorf("unknown command %q", cmd)
@@ -212,25 +220,83 @@ func (r *deviceRuleRecorder) AttachTID(string, string, int) error { return errNo
 
 func (r *deviceRuleRecorder) GetCgroupThreads() ([]int, error) { return nil, errNotRecorded }
 
-func launcherDisks(args []string) error {
-	flags := flag.NewFlagSet("disks", flag.ContinueOnError)
-	hotplugDir := flags.String("hotplug-dir", "", "where the test host has the pod's hotplug disk directory")
-	if err := flags.Parse(args); err != nil {
-		return err
+// podPaths finds the virt-launcher pod's hotplug and ephemeral disk
+// directories on the test host.
+type podPaths struct {
+	hotplugDir, ephemeralDir string
+}
+
+func (p podPaths) hostPath(path string) string {
+	for dir, host := range map[string]string{v1.HotplugDiskDir: p.hotplugDir, ephemeralDiskDir: p.ephemeralDir} {
+		if rest, ok := strings.CutPrefix(path, strings.TrimSuffix(dir, "/")+"/"); ok {
+			return filepath.Join(host, rest)
+		}
 	}
-	if *hotplugDir == "" {
-		return errors.New("-hotplug-dir is required")
+	return path
+}
+
+// ephemeralDiskDir is the virt-launcher pod's ephemeral disk emptyDir.
+const ephemeralDiskDir = "/var/run/kubevirt-ephemeral-disks"
+
+func parsePodPaths(name string, args []string, hotplug bool) (podPaths, error) {
+	var p podPaths
+	flags := flag.NewFlagSet(name, flag.ContinueOnError)
+	if hotplug {
+		flags.StringVar(&p.hotplugDir, "hotplug-dir", "", "where the test host has the pod's hotplug disk directory")
+	}
+	flags.StringVar(&p.ephemeralDir, "ephemeral-dir", "", "where the test host has the pod's ephemeral disk directory")
+	if err := flags.Parse(args); err != nil {
+		return p, err
+	}
+	if (hotplug && p.hotplugDir == "") || p.ephemeralDir == "" {
+		return p, errors.New("the pod's directories are required")
+	}
+	return p, nil
+}
+
+// hotplugOverlays is what the launcher's overlay creator does for writable
+// hotplugged containerDisks.
+type hotplugOverlays interface {
+	CreateHotplugOverlay(volumeName, backing, backingFormat string) error
+	RemoveHotplugOverlays(keep map[string]bool) error
+}
+
+// overlayCreator is the launcher's overlay creator on the test host's paths.
+// Images belong to the user running the tool, not to a qemu user the test
+// host does not have.
+func overlayCreator(p podPaths) hotplugOverlays {
+	diskutils.MockDefaultOwnershipManager()
+	return ephemeraldisk.NewOverlayDiskCreatorWithPathMapping(p.hostPath)
+}
+
+func launcherUnplug(args []string) error {
+	p, err := parsePodPaths("unplug", args, false)
+	if err != nil {
+		return err
 	}
 	vmi, err := readVMI()
 	if err != nil {
 		return err
 	}
-	hostPath := func(path string) string {
-		if rest, ok := strings.CutPrefix(path, v1.HotplugDiskDir); ok {
-			return filepath.Join(*hotplugDir, rest)
+	plugged := map[string]bool{}
+	for i := range vmi.Spec.Volumes {
+		if storagetypes.IsWritableHotplugContainerDisk(&vmi.Spec.Volumes[i], vmi.Spec.Domain.Devices.Disks) {
+			plugged[vmi.Spec.Volumes[i].Name] = true
 		}
-		return path
 	}
+	return overlayCreator(p).RemoveHotplugOverlays(plugged)
+}
+
+func launcherDisks(args []string) error {
+	p, err := parsePodPaths("disks", args, true)
+	if err != nil {
+		return err
+	}
+	vmi, err := readVMI()
+	if err != nil {
+		return err
+	}
+	hostPath := p.hostPath
 
 	c := &converter.ConverterContext{
 		Architecture:                archconverter.NewConverter(runtime.GOARCH),
@@ -248,7 +314,7 @@ func launcherDisks(args []string) error {
 			c.PermanentVolumes[status.Name] = status
 		}
 	}
-	if err := probe(vmi, c, hostPath); err != nil {
+	if err := probe(vmi, c, hostPath, overlayCreator(p)); err != nil {
 		return err
 	}
 
@@ -262,11 +328,15 @@ func launcherDisks(args []string) error {
 		if source == "" {
 			source = disk.Source.Dev
 		}
-		if !strings.HasPrefix(source, v1.HotplugDiskDir) {
+		if !strings.HasPrefix(source, v1.HotplugDiskDir) && !overlay.IsHotplugImagePath(source) {
 			continue
 		}
 		disk.Source.File = mapIfSet(disk.Source.File, hostPath)
 		disk.Source.Dev = mapIfSet(disk.Source.Dev, hostPath)
+		if disk.BackingStore != nil && disk.BackingStore.Source != nil {
+			disk.BackingStore.Source.File = mapIfSet(disk.BackingStore.Source.File, hostPath)
+			disk.BackingStore.Source.Dev = mapIfSet(disk.BackingStore.Source.Dev, hostPath)
+		}
 		// As the launcher's syncDisks before it attaches a disk.
 		if err := converter.SetDriverCacheMode(&disk, checker); err != nil {
 			return err
@@ -291,9 +361,10 @@ func mapIfSet(path string, hostPath func(string) string) string {
 }
 
 // probe does for the converter context what the launcher's
-// probeHotplugContainerDisks does: a device node means a block image, and a
-// mounted image is probed and validated with the functions it uses.
-func probe(vmi *v1.VirtualMachineInstance, c *converter.ConverterContext, hostPath func(string) string) error {
+// probeHotplugContainerDisks does: a device node means a block image, a
+// mounted image is probed and validated with the functions it uses, and a
+// writable one gets its overlay.
+func probe(vmi *v1.VirtualMachineInstance, c *converter.ConverterContext, hostPath func(string) string, creator hotplugOverlays) error {
 	mounted := map[string]bool{}
 	for _, status := range vmi.Status.VolumeStatus {
 		if status.HotplugVolume != nil && (status.Phase == v1.HotplugVolumeMounted || status.Phase == v1.VolumeReady) {
@@ -305,15 +376,15 @@ func probe(vmi *v1.VirtualMachineInstance, c *converter.ConverterContext, hostPa
 		if !storagetypes.IsHotplugContainerDisk(volume) {
 			continue
 		}
-		path := hostPath(converter.GetHotplugFilesystemVolumePath(volume.Name))
-		if device := hostPath(converter.GetHotplugBlockDeviceVolumePath(volume.Name)); isBlockDevice(device) {
+		path := converter.GetHotplugFilesystemVolumePath(volume.Name)
+		if device := converter.GetHotplugBlockDeviceVolumePath(volume.Name); isBlockDevice(hostPath(device)) {
 			c.IsBlockHotplugContainerDisk[volume.Name] = true
 			path = device
 		}
 		if !mounted[volume.Name] {
 			continue
 		}
-		info, err := osdisk.GetDiskInfoWithValidation(path, diskMemoryLimit)
+		info, err := osdisk.GetDiskInfoWithValidation(hostPath(path), diskMemoryLimit)
 		if err != nil {
 			return fmt.Errorf("failed to get info of hotplugged containerDisk %s: %v", volume.Name, err)
 		}
@@ -321,6 +392,11 @@ func probe(vmi *v1.VirtualMachineInstance, c *converter.ConverterContext, hostPa
 			return fmt.Errorf("invalid image in hotplugged containerDisk %s: %v", volume.Name, err)
 		}
 		c.DisksInfo[volume.Name] = info
+		if storagetypes.IsWritableHotplugContainerDisk(volume, vmi.Spec.Domain.Devices.Disks) {
+			if err := creator.CreateHotplugOverlay(volume.Name, path, info.Format); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
