@@ -71,6 +71,7 @@ var _ = Describe("deploy/examples", Ordered, func() {
 		Entry("ephemeral overlay", "overlay-ephemeral", 0, []string{"overlay", "backingPVC", "claimName"}, "golden-fedora"),
 		Entry("persistent overlay", "overlay-persistent", 0, []string{"overlay", "persistent"}, true),
 		Entry("persistent overlay target", "overlay-persistent", 0, []string{"overlay", "targetPVC", "claimName"}, "overlay-persistent-delta"),
+		Entry("thin overlay's chunk", "overlay-thin", 0, []string{"overlay", "thinProvisioning", "chunkSize"}, "2Gi"),
 		Entry("hotpluggable containerDisk", "containerdisk-hotplug", 1, []string{"containerDisk", "hotpluggable"}, true),
 		Entry("hook sidecar's claim", "hook-sidecar", 0, []string{"persistentVolumeClaim", "claimName"}, "hook-store"),
 	)

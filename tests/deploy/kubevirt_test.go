@@ -117,7 +117,7 @@ var _ = Describe("deploy/kubevirt", Ordered, func() {
 	})
 
 	It("enables the feature gates and keeps the rest of the KubeVirt CR", func() {
-		Expect(featureGates(ctx, c)).To(ConsistOf("OverlayVolumes", "HotplugVolumes", "HotplugContainerDisk", "Sidecar"))
+		Expect(featureGates(ctx, c)).To(ConsistOf("OverlayVolumes", "HotplugVolumes", "HotplugContainerDisk", "Sidecar", "ThinOverlayVolumes"))
 		kv := upstreamKubeVirt()
 		Expect(c.Get(ctx, client.ObjectKeyFromObject(kv), kv)).To(Succeed())
 		Expect(kv.Object["spec"]).To(HaveKeyWithValue("imagePullPolicy", "IfNotPresent"))
