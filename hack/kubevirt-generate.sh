@@ -14,9 +14,11 @@
 # validation schemas (validations_generated.go, through controller-gen and
 # tools/crd-validation-generator), api/openapi-spec/swagger.json, the API
 # round-trip fixtures of kubevirt.io/api/apitesting (testdata/HEAD) and the
-# BUILD.bazel files of the Go packages (gazelle).
-# Not regenerated, because API types do not feed them: clientsets (no new
-# kinds), mocks, protobuf, manifests and examples.
+# BUILD.bazel files of the Go packages (gazelle); also virt-launcher's
+# internal domain types' deepcopy and the mocks of every Go file the series
+# changes (its //go:generate mockgen line).
+# Not regenerated, because nothing the series changes feeds them:
+# clientsets (no new kinds), protobuf, manifests and examples.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=common.sh
@@ -286,6 +288,37 @@ generate_api_testdata() {
 #   zips (their .gitignore drops them), yet gazelle needs them to resolve
 #   kubevirt.io/api and kubevirt.io/client-go to //staging/src/...: they are
 #   generated in the same run and removed afterwards.
+# virt-launcher's domain types (what it reports to virt-handler) have their
+# own deepcopy, outside the API's bounding dirs, as in the tree's
+# hack/generate.sh.
+generate_launcher_deepcopy() {
+	log "deepcopy-gen (virtwrap/api)"
+	in_tree "$(tool deepcopy-gen "${CODE_GENERATOR_VERSION}")" \
+		--go-header-file "${BOILERPLATE}" \
+		--output-file deepcopy_generated.go \
+		./pkg/virt-launcher/virtwrap/api
+}
+
+# Mocks of the Go files the series changes, from their own //go:generate
+# lines (all write generated_mock_$GOFILE), with the tree's mockgen version,
+# then formatted with goimports as the tree's hack/bazel-fmt.sh does.
+generate_mocks() {
+	local version file
+	version=$(tree_module_version go.uber.org/mock)
+	# mockgen's own golang.org/x/tools does not compile with current Go.
+	build_in_tools_module mockgen "${version}" go.uber.org/mock/mockgen \
+		"go.uber.org/mock@${version}" "golang.org/x/tools@${CONTROLLER_TOOLS_X_TOOLS_VERSION}"
+	install_tool goimports "${CONTROLLER_TOOLS_X_TOOLS_VERSION}" golang.org/x/tools/cmd/goimports
+	while read -r file; do
+		[[ -f ${KUBEVIRT_TREE}/${file} ]] || continue
+		grep -q '^//go:generate mockgen' "${KUBEVIRT_TREE}/${file}" || continue
+		log "mockgen ${file}"
+		(cd "${KUBEVIRT_TREE}/$(dirname "${file}")" &&
+			PATH="$(dirname "$(tool mockgen "${version}")"):${PATH}" go generate -run mockgen "$(basename "${file}")" &&
+			"$(tool goimports "${CONTROLLER_TOOLS_X_TOOLS_VERSION}")" -local kubevirt.io/kubevirt -w "generated_mock_$(basename "${file}")")
+	done < <(git -C "${KUBEVIRT_TREE}" diff --name-only pristine -- '*.go')
+}
+
 generate_build_files() {
 	[[ -e ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run hack/kubevirt.sh apply"
 	install_tool gazelle "${GAZELLE_VERSION}" github.com/bazelbuild/bazel-gazelle/cmd/gazelle
@@ -315,6 +348,8 @@ generate() {
 	build_tree_tool openapispec
 	generate_openapi_spec
 	generate_api_testdata
+	generate_launcher_deepcopy
+	generate_mocks
 	generate_build_files
 	log "regenerated; review with: git -C ${KUBEVIRT_TREE} status"
 }
