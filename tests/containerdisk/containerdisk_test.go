@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gbytes"
@@ -95,24 +96,14 @@ func peerPID(socket string) (int, error) {
 		return 0, err
 	}
 	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
+	pid, err := framework.PeerPID(conn.(*net.UnixConn))
 	if err != nil {
 		return 0, err
-	}
-	var cred *syscall.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if credErr != nil {
-		return 0, credErr
 	}
 	if err := expectEOF(conn); err != nil {
 		return 0, err
 	}
-	return int(cred.Pid), nil
+	return pid, nil
 }
 
 // expectEOF reads from conn and reports anything but an immediate EOF.

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	"golang.org/x/sys/unix"
 )
 
@@ -119,21 +120,7 @@ func peerPid(socket string) (int, error) {
 		return 0, err
 	}
 	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if credErr != nil {
-		return 0, fmt.Errorf("peer of %s: %w", socket, credErr)
-	}
-	return int(cred.Pid), nil
+	return framework.PeerPID(conn.(*net.UnixConn))
 }
 
 // Running tells whether the program still runs.
