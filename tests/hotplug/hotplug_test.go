@@ -46,7 +46,6 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 		Expect(err).ToNot(HaveOccurred())
 		DeferCleanup(node.Close)
 		DeferCleanup(func() { Expect(removeUnmounted(filepath.Dir(node.KubeletPods))).To(Succeed()) })
-		Expect(node.LinkPodPaths(filepath.Join(lv.Dir(), "run"))).To(Succeed())
 		Expect(hotplug.StartDomain(ctx, lv, root, domain)).To(Succeed())
 	}, NodeTimeout(3*time.Minute))
 
@@ -211,12 +210,23 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 		Expect(disk.Driver.Type).To(Equal("qcow2"))
 		Expect(disk.Source.File.File).To(Equal(filepath.Join(overlayDir, "disk.qcow2")))
 
+		image := filepath.Join(node.LauncherHotplugDir(), volume+".img")
+		Expect(disk.BackingStore).ToNot(BeNil())
+		Expect(disk.BackingStore.Source.File.File).To(Equal(image))
+
 		Expect(hotplug.Attach(ctx, lv, domain, disks[0])).To(Succeed())
+		attached, err := hotplug.DomainDisks(ctx, lv, domain)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(attached).To(HaveLen(2))
+		Expect(attached[1].BackingStore).ToNot(BeNil(), "libvirt keeps the backingStore of the attached disk")
+		Expect(attached[1].BackingStore.Source.File).ToNot(BeNil())
+		Expect(attached[1].BackingStore.Source.File.File).To(Equal(image))
+		Expect(attached[1].BackingStore.Format.Type).To(Equal("raw"))
 		device, err := hotplug.QueryDevice(ctx, lv, domain, alias)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(device.Inserted.ReadOnly).To(BeFalse())
 		Expect(device.Inserted.Image.BackingImage).ToNot(BeNil(), "QEMU opened the overlay over the image")
-		Expect(device.Inserted.Image.BackingImage.Filename).To(Equal("/var/run/kubevirt/hotplug-disks/" + volume + ".img"))
+		Expect(device.Inserted.Image.BackingImage.Filename).To(Equal(image), "the backing libvirt named, not the path in the overlay's header")
 
 		By("writing through the attached device")
 		const written = 0x7a
@@ -385,23 +395,24 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 		Expect(causes[1]).To(BeEmpty(), "one hotplugged containerDisk is valid")
 	}, SpecTimeout(5*time.Minute))
 
-	// The patched mounter asks virt-chroot for "-o ro,bind": one mount(2)
-	// with MS_BIND|MS_RDONLY, where the kernel ignores MS_RDONLY; a
-	// read-only bind mount takes a second, remounting call. Pending until
-	// the mounter does that.
-	It("bind mounts a file image read-only", Pending, func(ctx SpecContext) {
+	// The kernel ignores MS_RDONLY when it creates a bind mount, and a
+	// remount read-only would not reach the copy propagated into QEMU's
+	// mount namespace: the mount must be read-only in both.
+	It("bind mounts a file image read-only, also where QEMU sees it", func(ctx SpecContext) {
 		l := layer(ctx, hotplug.RawFile)
 		pod := newPod()
 		start(ctx, pod, l)
 		DeferCleanup(teardown)
 		_, err := node.Mount(ctx, hotplug.VMI(hotplugPhaseAttached, hotplug.Volume{Name: volume, AttachPodUID: pod}))
 		Expect(err).ToNot(HaveOccurred())
-		m := mountsUnder(framework.MountPoints, node.KubeletPods)
-		Expect(m).To(HaveLen(1))
-		Expect(strings.Split(m[0].Options, ",")).To(ContainElement("ro"))
-		_, err = os.OpenFile(m[0].MountPoint, os.O_RDWR, 0)
+		for _, mounts := range []func() ([]framework.Mount, error){framework.MountPoints, lv.Mounts} {
+			m := mountsUnder(mounts, node.KubeletPods)
+			Expect(m).To(HaveLen(1))
+			Expect(strings.Split(m[0].Options, ",")).To(ContainElement("ro"))
+		}
+		_, err = os.OpenFile(filepath.Join(node.LauncherHotplugDir(), volume+".img"), os.O_RDWR, 0)
 		Expect(err).To(MatchError(unix.EROFS))
-	})
+	}, SpecTimeout(time.Minute))
 })
 
 // fdCount is the number of open file descriptors of a process.

@@ -89,7 +89,8 @@ type Node struct {
 }
 
 // Identities of the VMI and its virt-launcher pod. Paths built from them
-// end up in domain XML, which virt-launcher lowercases.
+// end up in domain XML, which virt-launcher lowercases unless the disk has
+// a backingStore.
 const (
 	VMIUID      = "vmi-0001"
 	LauncherUID = "launcher-0001"
@@ -191,25 +192,6 @@ func (n *Node) LauncherHotplugDir() string {
 // overlay of a writable hotplugged containerDisk lives.
 func (n *Node) LauncherEphemeralDir() string {
 	return n.emptyDir(LauncherUID, "ephemeral-disks")
-}
-
-// LinkPodPaths makes the virt-launcher pod's disk directories resolve in
-// QEMU's mount namespace, whose /run is runDir on the host, as they do in
-// the pod: the overlay of a writable volume names its backing by its path
-// in the pod, and libvirt follows it.
-func (n *Node) LinkPodPaths(runDir string) error {
-	for link, target := range map[string]string{
-		filepath.Join(runDir, "kubevirt", "hotplug-disks"): n.LauncherHotplugDir(),
-		filepath.Join(runDir, "kubevirt-ephemeral-disks"):  n.LauncherEphemeralDir(),
-	} {
-		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
-			return err
-		}
-		if err := os.Symlink(target, link); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func (n *Node) emptyDir(podUID, volume string) string {

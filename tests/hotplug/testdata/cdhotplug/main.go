@@ -29,7 +29,6 @@ package main
 
 import (
 	"encoding/json"
-	"encoding/xml"
 	"errors"
 	"flag"
 	"fmt"
@@ -344,11 +343,11 @@ func launcherDisks(args []string) error {
 		if err := converter.SetOptimalIOMode(&disk); err != nil {
 			return err
 		}
-		data, err := xml.Marshal(disk)
+		data, err := disk.HotplugXML()
 		if err != nil {
 			return err
 		}
-		fmt.Println(strings.ToLower(string(data)))
+		fmt.Println(data)
 	}
 	return nil
 }
