@@ -41,10 +41,7 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 	live := func() string { return filepath.Join(work, "live.qcow2") }
 
 	BeforeAll(func(ctx SpecContext) {
-		var err error
-		lv, err = framework.StartLibvirtd(ctx)
-		framework.Require(err, "libvirtd")
-		DeferCleanup(func(ctx SpecContext) { Expect(lv.Stop(ctx)).To(Succeed()) })
+		lv = framework.StartSuiteLibvirtd(ctx)
 		bin = buildCLI(ctx)
 		work = GinkgoT().TempDir()
 		srv := startS3(ctx)

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"context"
 	"fmt"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -18,4 +19,14 @@ func Require(err error, what string) {
 		Fail(msg, 1)
 	}
 	Skip(msg, 1)
+}
+
+// StartSuiteLibvirtd starts a private libvirtd for an Ordered container
+// (call it from BeforeAll): skipped, or failed in CI, when it cannot start,
+// and stopped when the container's specs are done.
+func StartSuiteLibvirtd(ctx context.Context) *Libvirtd {
+	lv, err := StartLibvirtd(ctx)
+	Require(err, "libvirtd")
+	DeferCleanup(func(ctx SpecContext) error { return lv.Stop(ctx) })
+	return lv
 }

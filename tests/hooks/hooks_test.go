@@ -33,10 +33,7 @@ var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, 
 	var lv *framework.Libvirtd
 
 	BeforeAll(func(ctx SpecContext) {
-		var err error
-		lv, err = framework.StartLibvirtd(ctx)
-		framework.Require(err, "libvirtd")
-		DeferCleanup(func(ctx SpecContext) { Expect(lv.Stop(ctx)).To(Succeed()) })
+		lv = framework.StartSuiteLibvirtd(ctx)
 	}, NodeTimeout(2*time.Minute))
 
 	var (

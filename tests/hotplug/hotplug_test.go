@@ -36,12 +36,10 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 	)
 
 	BeforeAll(func(ctx SpecContext) {
-		var err error
-		lv, err = framework.StartLibvirtd(ctx)
-		framework.Require(err, "libvirtd")
-		DeferCleanup(func(ctx SpecContext) { Expect(lv.Stop(ctx)).To(Succeed()) })
+		lv = framework.StartSuiteLibvirtd(ctx)
 
 		root := tempDir()
+		var err error
 		node, err = hotplug.NewNode(tools, framework.Binary("container-disk"), root, lv.SharedDir())
 		Expect(err).ToNot(HaveOccurred())
 		DeferCleanup(node.Close)

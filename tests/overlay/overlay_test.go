@@ -142,10 +142,7 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 	var lv *framework.Libvirtd
 
 	BeforeAll(func(ctx SpecContext) {
-		var err error
-		lv, err = framework.StartLibvirtd(ctx)
-		framework.Require(err, "libvirtd")
-		DeferCleanup(func(ctx SpecContext) { Expect(lv.Stop(ctx)).To(Succeed()) })
+		lv = framework.StartSuiteLibvirtd(ctx)
 	}, NodeTimeout(2*time.Minute))
 
 	domains := 0
