@@ -83,10 +83,10 @@ var _ = Describe("the S3 server", func() {
 		}, nil),
 	)
 
-	It("loses no update when many writers change one index at once", func() {
+	It("loses no update when many writers change one index at once, and readers see only whole indexes", func() {
 		cat := catalog.New(store)
 		vm := catalog.VM{Namespace: "ns", Name: "vm"}
-		const writers, each = 8, 4
+		const writers, each, readers = 8, 4, 2
 		var wg sync.WaitGroup
 		for w := 0; w < writers; w++ {
 			wg.Add(1)
@@ -102,7 +102,32 @@ var _ = Describe("the S3 server", func() {
 				}
 			}(w)
 		}
+		// Readers race the writers' replacements of the object: each read
+		// is a whole index, never fewer checkpoints than a read before it.
+		written := make(chan struct{})
+		var readersDone sync.WaitGroup
+		for r := 0; r < readers; r++ {
+			readersDone.Add(1)
+			go func() {
+				defer readersDone.Done()
+				defer GinkgoRecover()
+				seen := 0
+				for {
+					idx, err := cat.VMIndex(ctx, vm)
+					Expect(err).NotTo(HaveOccurred())
+					Expect(len(idx.Checkpoints)).To(BeNumerically(">=", seen))
+					seen = len(idx.Checkpoints)
+					select {
+					case <-written:
+						return
+					default:
+					}
+				}
+			}()
+		}
 		wg.Wait()
+		close(written)
+		readersDone.Wait()
 		idx, err := cat.VMIndex(ctx, vm)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(idx.Checkpoints).To(HaveLen(writers * each))

@@ -60,14 +60,24 @@ func (m *BackupManifest) setVersion(v int)   { m.SchemaVersion = v }
 func (m *VMBackupManifest) version() int     { return m.SchemaVersion }
 func (m *VMBackupManifest) setVersion(v int) { m.SchemaVersion = v }
 
+// readAttempts bounds the reads of one document that meet a replaced or
+// torn object.
+const readAttempts = 16
+
 // read decodes the document at key into doc and returns its ETag; found is
-// false when there is none. A document replaced while it is read is read
-// again.
+// false when there is none. A document replaced while it is read, or whose
+// bytes are not the object the store described (fewer than its size, or
+// not its checksum), is read again; a document is never decoded from a
+// torn read.
 func (c *Catalog) read(ctx context.Context, key string, doc versioned) (etag string, found bool, err error) {
 	for attempt := 1; ; attempt++ {
 		etag, found, err = c.readOnce(ctx, key, doc)
-		if !errors.Is(err, objectstore.ErrPreconditionFailed) || attempt >= 16 {
+		retry := errors.Is(err, objectstore.ErrPreconditionFailed) || errors.Is(err, objectstore.ErrTornRead)
+		if !retry {
 			return etag, found, err
+		}
+		if attempt >= readAttempts {
+			return "", false, fmt.Errorf("%w (after %d attempts)", err, attempt)
 		}
 		if err := backoff(ctx, attempt); err != nil {
 			return "", false, fmt.Errorf("read %s: %w", key, err)
@@ -84,12 +94,15 @@ func (c *Catalog) readOnce(ctx context.Context, key string, doc versioned) (etag
 		return "", false, fmt.Errorf("read %s: %w", key, err)
 	}
 	defer rc.Close()
+	if info.Size > maxDocumentSize {
+		return "", false, fmt.Errorf("read %s: %d bytes, larger than %d", key, info.Size, maxDocumentSize)
+	}
 	data, err := io.ReadAll(io.LimitReader(rc, maxDocumentSize+1))
 	if err != nil {
 		return "", false, fmt.Errorf("read %s: %w", key, err)
 	}
-	if len(data) > maxDocumentSize {
-		return "", false, fmt.Errorf("read %s: larger than %d bytes", key, maxDocumentSize)
+	if err := objectstore.Verify(info, data); err != nil {
+		return "", false, fmt.Errorf("read %s: %w", key, err)
 	}
 	// A retried read must not merge into what an earlier one decoded.
 	reflect.ValueOf(doc).Elem().SetZero()

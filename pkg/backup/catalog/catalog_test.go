@@ -162,3 +162,72 @@ var _ = Describe("conditional updates", func() {
 		Expect(got.CheckpointChain).To(Equal([]string{"y"}))
 	})
 })
+
+var _ = Describe("torn reads", func() {
+	var (
+		ctx   context.Context
+		store *objectstoretest.Memory
+		cat   *catalog.Catalog
+		key   string
+		tears int
+	)
+	BeforeEach(func() {
+		ctx = context.Background()
+		store = objectstoretest.NewMemory()
+		cat = catalog.New(store)
+		key = catalog.Key(catalog.VMIndexPath(vm))
+		_, err := cat.UpdateVMIndex(ctx, vm, func(idx *catalog.VMIndex) error {
+			idx.Checkpoints = append(idx.Checkpoints, cp("a", catalog.Full, ""))
+			return nil
+		})
+		Expect(err).NotTo(HaveOccurred())
+		tears = 0
+	})
+
+	// tearing tears the next n whole reads with tear.
+	tearing := func(n int, tear func([]byte) []byte) {
+		store.Tear = func(_ string, data []byte) []byte {
+			if tears >= n {
+				return data
+			}
+			tears++
+			return tear(data)
+		}
+	}
+	truncate := func(data []byte) []byte { return data[:len(data)/2] }
+	// A body of the same length whose bytes differ: only the checksum
+	// tells it from the object.
+	flip := func(data []byte) []byte { data[len(data)-3] ^= 0x20; return data }
+
+	DescribeTable("reads the document again and decodes only a whole one",
+		func(tear func([]byte) []byte) {
+			tearing(3, tear)
+			idx, err := cat.VMIndex(ctx, vm)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(tears).To(Equal(3), "every torn read was retried")
+			Expect(catalog.IDs(idx.Checkpoints)).To(Equal([]string{"a"}))
+		},
+		Entry("a body cut short that ends cleanly", truncate),
+		Entry("a body of the right length with other bytes", flip),
+	)
+
+	DescribeTable("fails naming the key when every read is torn, and writes nothing",
+		func(tear func([]byte) []byte, reason string) {
+			tearing(1000, tear)
+			before, err := store.Stat(ctx, key)
+			Expect(err).NotTo(HaveOccurred())
+			_, err = cat.UpdateVMIndex(ctx, vm, func(idx *catalog.VMIndex) error {
+				Fail("the update ran on a torn document")
+				return nil
+			})
+			Expect(err).To(MatchError(objectstore.ErrTornRead))
+			Expect(err).To(MatchError(And(ContainSubstring(key), ContainSubstring(reason), ContainSubstring("after 16 attempts"))))
+			Expect(tears).To(Equal(16), "a bounded number of attempts")
+			after, err := store.Stat(ctx, key)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(after.ETag).To(Equal(before.ETag))
+		},
+		Entry("truncated", truncate, "bytes"),
+		Entry("other bytes", flip, "SHA256 is"),
+	)
+})

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 
 	"github.com/minio/minio-go/v7"
@@ -151,44 +152,76 @@ func (s *S3) unkey(k string) string {
 	return strings.TrimPrefix(k, s.prefix+"/")
 }
 
-// Get implements Store.
+// Get implements Store. The object is read with one GET whose own headers
+// give its size and checksum: a lazily opened minio.Object takes the size
+// from an earlier HEAD, so an object replaced by a larger one between the
+// two is cut at the old size and read as if whole.
 func (s *S3) Get(ctx context.Context, key string, offset int64) (io.ReadCloser, ObjectInfo, error) {
 	var opts minio.GetObjectOptions
 	if offset > 0 {
 		if err := opts.SetRange(offset, 0); err != nil {
 			return nil, ObjectInfo{}, fmt.Errorf("s3: get %s: %w", key, err)
 		}
+	} else {
+		// Not opts.Checksum: minio-go would verify at EOF with an error
+		// of its own; callers verify with Verify.
+		opts.Set("x-amz-checksum-mode", "ENABLED")
 	}
-	obj, err := s.client.GetObject(ctx, s.bucket, s.key(key), opts)
+	body, st, header, err := minio.Core{Client: s.client}.GetObject(ctx, s.bucket, s.key(key), opts)
 	if err != nil {
 		return nil, ObjectInfo{}, s.wrap("get", key, err)
 	}
-	// GetObject is lazy: Stat sends the request and surfaces a missing key.
-	st, err := obj.Stat()
-	if err != nil {
-		obj.Close()
-		return nil, ObjectInfo{}, s.wrap("get", key, err)
+	info := s.info(st)
+	if offset > 0 {
+		// Content-Range is "bytes first-last/size".
+		_, total, ok := strings.Cut(header.Get("Content-Range"), "/")
+		if info.Size, err = strconv.ParseInt(total, 10, 64); !ok || err != nil {
+			body.Close()
+			return nil, ObjectInfo{}, fmt.Errorf("s3: get %s from %d: Content-Range %q names no size", key, offset, header.Get("Content-Range"))
+		}
+	} else {
+		info.Checksum = checksum(st)
 	}
-	return &objectReader{obj: obj, s: s, key: key}, s.info(st), nil
+	return &objectReader{body: body, s: s, key: key}, info, nil
 }
 
-// objectReader maps the errors of a streaming read like the other calls:
-// an object replaced while it is read fails its ranged requests with 412.
+// checksum picks the whole-object checksum a GET reported, if any; a
+// multipart object's composite checksum covers its parts, not its bytes.
+func checksum(st minio.ObjectInfo) Checksum {
+	if st.ChecksumMode == "COMPOSITE" {
+		return Checksum{}
+	}
+	for _, c := range []Checksum{
+		{"CRC64NVME", st.ChecksumCRC64NVME}, {"CRC32C", st.ChecksumCRC32C}, {"CRC32", st.ChecksumCRC32},
+		{"SHA256", st.ChecksumSHA256}, {"SHA1", st.ChecksumSHA1},
+	} {
+		if c.Value != "" && !strings.Contains(c.Value, "-") {
+			return c
+		}
+	}
+	return Checksum{}
+}
+
+// objectReader maps the errors of a streaming read like the other calls.
+// A body shorter than its Content-Length ends in io.ErrUnexpectedEOF.
 type objectReader struct {
-	obj *minio.Object
-	s   *S3
-	key string
+	body io.ReadCloser
+	s    *S3
+	key  string
 }
 
 func (r *objectReader) Read(p []byte) (int, error) {
-	n, err := r.obj.Read(p)
-	if err != nil && err != io.EOF {
+	n, err := r.body.Read(p)
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		err = fmt.Errorf("s3: read %s: the body ended before its Content-Length: %w", r.key, ErrTornRead)
+	case err != nil && err != io.EOF:
 		err = r.s.wrap("read", r.key, err)
 	}
 	return n, err
 }
 
-func (r *objectReader) Close() error { return r.obj.Close() }
+func (r *objectReader) Close() error { return r.body.Close() }
 
 // Stat implements Store.
 func (s *S3) Stat(ctx context.Context, key string) (ObjectInfo, error) {

@@ -5,9 +5,13 @@ package objectstore
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"time"
+
+	"github.com/minio/minio-go/v7"
 )
 
 // ErrNotFound is returned when an object does not exist.
@@ -17,12 +21,64 @@ var ErrNotFound = errors.New("object not found")
 // object changed (If-Match) or appeared (If-None-Match) since it was read.
 var ErrPreconditionFailed = errors.New("precondition failed")
 
+// ErrTornRead is returned when the bytes read from an object are not the
+// object the store described with them: fewer than its size, or not
+// matching its checksum.
+var ErrTornRead = errors.New("torn read")
+
 // ObjectInfo describes a stored object.
 type ObjectInfo struct {
-	Key          string
+	Key string
+	// Size is the whole object's size, also for a read from an offset.
 	Size         int64
 	ETag         string
 	LastModified time.Time
+	// Checksum is the store's checksum of the whole object, set by Get
+	// from offset 0 when the store reports one.
+	Checksum Checksum
+}
+
+// Checksum is a whole-object checksum as S3 reports it: an algorithm
+// (CRC32, CRC32C, CRC64NVME, SHA1 or SHA256) and its base64 value.
+type Checksum struct {
+	Algorithm string
+	Value     string
+}
+
+var checksumTypes = map[string]minio.ChecksumType{
+	"CRC32":     minio.ChecksumCRC32,
+	"CRC32C":    minio.ChecksumCRC32C,
+	"CRC64NVME": minio.ChecksumCRC64NVME,
+	"SHA1":      minio.ChecksumSHA1,
+	"SHA256":    minio.ChecksumSHA256,
+}
+
+// ChecksumOf computes data's checksum with algorithm, one of Checksum's.
+func ChecksumOf(algorithm string, data []byte) (Checksum, error) {
+	t, ok := checksumTypes[algorithm]
+	if !ok {
+		return Checksum{}, fmt.Errorf("checksum algorithm %q is not one of CRC32, CRC32C, CRC64NVME, SHA1, SHA256", algorithm)
+	}
+	h := t.Hasher()
+	h.Write(data)
+	return Checksum{Algorithm: algorithm, Value: base64.StdEncoding.EncodeToString(h.Sum(nil))}, nil
+}
+
+// Verify checks that data, read whole from offset 0, is the object info
+// describes: its size, and its checksum when the store reported one in an
+// algorithm this package knows. A mismatch wraps ErrTornRead.
+func Verify(info ObjectInfo, data []byte) error {
+	if int64(len(data)) != info.Size {
+		return fmt.Errorf("got %d of %d bytes: %w", len(data), info.Size, ErrTornRead)
+	}
+	if _, known := checksumTypes[info.Checksum.Algorithm]; !known {
+		return nil
+	}
+	got, _ := ChecksumOf(info.Checksum.Algorithm, data)
+	if got != info.Checksum {
+		return fmt.Errorf("%s is %s, the store reports %s: %w", got.Algorithm, got.Value, info.Checksum.Value, ErrTornRead)
+	}
+	return nil
 }
 
 // Condition makes a write conditional. The zero value writes

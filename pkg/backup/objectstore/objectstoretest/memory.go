@@ -36,6 +36,10 @@ type Memory struct {
 	// breaking once it reaches MaxBrokenReads (zero means no limit).
 	BrokenReads    int
 	MaxBrokenReads int
+	// Tear, when set, gives the bytes a Get from offset 0 delivers in
+	// place of the object's, while the ObjectInfo still describes the
+	// object: a store that tears a read.
+	Tear func(key string, data []byte) []byte
 }
 
 // NewMemory returns an empty store.
@@ -61,13 +65,22 @@ func (m *Memory) Get(_ context.Context, key string, offset int64) (io.ReadCloser
 	if offset > int64(len(o.data)) {
 		offset = int64(len(o.data))
 	}
-	var r io.Reader = bytes.NewReader(o.data[offset:])
+	data := o.data
+	if m.Tear != nil && offset == 0 {
+		data = m.Tear(key, append([]byte(nil), data...))
+	}
+	var r io.Reader = bytes.NewReader(data[offset:])
 	if m.BreakReadsAfter > 0 && (m.MaxBrokenReads == 0 || m.BrokenReads < m.MaxBrokenReads) &&
 		int64(len(o.data))-offset > m.BreakReadsAfter {
 		m.BrokenReads++
 		r = io.MultiReader(io.LimitReader(r, m.BreakReadsAfter), errReader{})
 	}
-	return io.NopCloser(r), m.info(key, o), nil
+	info := m.info(key, o)
+	if offset == 0 {
+		// As S3 reports a checksum on a whole read.
+		info.Checksum, _ = objectstore.ChecksumOf("SHA256", o.data)
+	}
+	return io.NopCloser(r), info, nil
 }
 
 type errReader struct{}
