@@ -207,7 +207,7 @@ const (
 	// QCOW2File is disk/disk.img in qcow2.
 	QCOW2File
 	// BlockDevice is disk/disk.img, a device node of a loop device over a
-	// raw image.
+	// raw image: what virt-handler must refuse to take from an image.
 	BlockDevice
 	// NoImage is an empty /disk.
 	NoImage

@@ -144,7 +144,8 @@ func handlerStep(cmd string, args []string) error {
 	}
 	out.StepNanos = time.Since(start).Nanoseconds()
 	if err != nil {
-		return err
+		// What a failed step allowed in the device cgroup matters too.
+		return fmt.Errorf("%w (device cgroup rules set: %d)", err, len(rules.rules))
 	}
 
 	for _, status := range vmi.Status.VolumeStatus {
@@ -298,13 +299,12 @@ func launcherDisks(args []string) error {
 	hostPath := p.hostPath
 
 	c := &converter.ConverterContext{
-		Architecture:                archconverter.NewConverter(runtime.GOARCH),
-		VirtualMachine:              vmi,
-		AllowEmulation:              true,
-		HotplugVolumes:              map[string]v1.VolumeStatus{},
-		PermanentVolumes:            map[string]v1.VolumeStatus{},
-		DisksInfo:                   map[string]*osdisk.DiskInfo{},
-		IsBlockHotplugContainerDisk: map[string]bool{},
+		Architecture:     archconverter.NewConverter(runtime.GOARCH),
+		VirtualMachine:   vmi,
+		AllowEmulation:   true,
+		HotplugVolumes:   map[string]v1.VolumeStatus{},
+		PermanentVolumes: map[string]v1.VolumeStatus{},
+		DisksInfo:        map[string]*osdisk.DiskInfo{},
 	}
 	for _, status := range vmi.Status.VolumeStatus {
 		if status.HotplugVolume != nil {
@@ -360,8 +360,7 @@ func mapIfSet(path string, hostPath func(string) string) string {
 }
 
 // probe does for the converter context what the launcher's
-// probeHotplugContainerDisks does: a device node means a block image, a
-// mounted image is probed and validated with the functions it uses, and a
+// probeHotplugContainerDisks does: the mounted image is probed and validated with the functions it uses, and a
 // writable one gets its overlay.
 func probe(vmi *v1.VirtualMachineInstance, c *converter.ConverterContext, hostPath func(string) string, creator hotplugOverlays) error {
 	mounted := map[string]bool{}
@@ -376,10 +375,6 @@ func probe(vmi *v1.VirtualMachineInstance, c *converter.ConverterContext, hostPa
 			continue
 		}
 		path := converter.GetHotplugFilesystemVolumePath(volume.Name)
-		if device := converter.GetHotplugBlockDeviceVolumePath(volume.Name); isBlockDevice(hostPath(device)) {
-			c.IsBlockHotplugContainerDisk[volume.Name] = true
-			path = device
-		}
 		if !mounted[volume.Name] {
 			continue
 		}
@@ -398,9 +393,4 @@ func probe(vmi *v1.VirtualMachineInstance, c *converter.ConverterContext, hostPa
 		}
 	}
 	return nil
-}
-
-func isBlockDevice(path string) bool {
-	info, err := os.Stat(path)
-	return err == nil && info.Mode()&os.ModeDevice != 0 && info.Mode()&os.ModeCharDevice == 0
 }
