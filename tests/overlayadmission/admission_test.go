@@ -218,6 +218,14 @@ var refusals = []TableEntry{
 		"persistent": true,
 		"targetPVC":  claim("golden"),
 	}, "spec.volumes[0].overlay.targetPVC.claimName", "must not be the claim of the backing")),
+	Entry("a sensitive host file outside every allowed prefix", single(map[string]any{
+		"backingHostPath": hostPath("/etc/shadow"),
+	}, "spec.volumes[0].overlay.backingHostPath.path", "is not under a directory the cluster allows for overlays")),
+	Entry("a system directory as target outside every allowed prefix", single(map[string]any{
+		"backingPVC":     claim("golden"),
+		"persistent":     true,
+		"targetHostPath": hostPath("/etc/systemd/system"),
+	}, "spec.volumes[0].overlay.targetHostPath.path", "is not under a directory the cluster allows for overlays")),
 	Entry("a target directory that holds the backing", single(map[string]any{
 		"backingHostPath": hostPath("/var/lib/images/fedora.raw"),
 		"persistent":      true,
@@ -334,7 +342,7 @@ var _ = Describe("overlay volume admission with the OverlayVolumes gate disabled
 			return dryRun(vmiResource, newVMI(overlayVolume("rootdisk", valid)))
 		}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).ShouldNot(Succeed())
 		DeferCleanup(func() {
-			setFeatureGates(overlayGate)
+			setFeatureGates(overlayGate, hostDiskGate)
 			Eventually(func() error {
 				return dryRun(vmiResource, newVMI(overlayVolume("rootdisk", valid)))
 			}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
@@ -354,5 +362,51 @@ var _ = Describe("overlay volume admission with the OverlayVolumes gate disabled
 	It("still admits a VirtualMachineInstance without overlays", func() {
 		_, err := create(vmiResource, newVMI(volume{"name": "rootdisk", "persistentVolumeClaim": claim("golden-fedora")}))
 		Expect(err).ToNot(HaveOccurred())
+	})
+})
+
+var _ = Describe("overlay host paths are the cluster administrator's decision", Ordered, func() {
+	underPrefix := map[string]any{"backingHostPath": hostPath("/var/lib/images/fedora.raw")}
+	overClaim := map[string]any{"backingPVC": claim("golden-fedora")}
+
+	// until waits for the webhook's informer to follow the KubeVirt CR.
+	until := func(admitted bool) {
+		Eventually(func() error {
+			return dryRun(vmiResource, newVMI(overlayVolume("rootdisk", underPrefix)))
+		}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).Should(WithTransform(func(err error) bool { return err == nil }, Equal(admitted)))
+	}
+
+	AfterAll(func() {
+		setFeatureGates(overlayGate, hostDiskGate)
+		setHostPathPrefixes(hostPathPrefixes...)
+		until(true)
+	})
+
+	It("refuses host paths without the HostDisk gate, naming it, and still admits claims", func() {
+		setFeatureGates(overlayGate)
+		until(false)
+		_, err := create(vmiResource, newVMI(overlayVolume("rootdisk", underPrefix)))
+		Expect(err).To(refusedBy(vmiWebhookName, "spec.volumes[0].overlay.backingHostPath.path", "host paths need the HostDisk feature gate"))
+		_, err = create(vmiResource, newVMI(overlayVolume("rootdisk", overClaim)))
+		Expect(err).ToNot(HaveOccurred())
+	})
+
+	It("refuses every host path while no prefix is allowed, the default, naming the KubeVirt CR's field", func() {
+		setFeatureGates(overlayGate, hostDiskGate)
+		setHostPathPrefixes()
+		until(false)
+		_, err := create(vmiResource, newVMI(overlayVolume("rootdisk", underPrefix)))
+		Expect(err).To(refusedBy(vmiWebhookName, "spec.volumes[0].overlay.backingHostPath.path", "spec.configuration.overlayVolumes.allowedHostPathPrefixes"))
+		_, err = create(vmResource, newVM(overlayVolume("rootdisk", underPrefix)))
+		Expect(err).To(refusedBy(vmWebhookName, "spec.template.spec.volumes[0].overlay.backingHostPath.path", "spec.configuration.overlayVolumes.allowedHostPathPrefixes"))
+	})
+
+	It("admits a host path once the administrator allows its directory, and only there", func() {
+		setHostPathPrefixes("/var/lib/images")
+		until(true)
+		_, err := create(vmiResource, newVMI(overlayVolume("rootdisk", underPrefix)))
+		Expect(err).ToNot(HaveOccurred())
+		_, err = create(vmiResource, newVMI(overlayVolume("rootdisk", map[string]any{"backingHostPath": hostPath("/var/lib/images-old/fedora.raw")})))
+		Expect(err).To(refusedBy(vmiWebhookName, "spec.volumes[0].overlay.backingHostPath.path", "is not under a directory the cluster allows for overlays"))
 	})
 })

@@ -39,6 +39,7 @@ const (
 	kubeVirtName      = "kubevirt"
 	testNamespace     = "default"
 	overlayGate       = "OverlayVolumes"
+	hostDiskGate      = "HostDisk"
 
 	// Webhook paths as virt-api serves them (components.VMICreateValidatePath
 	// and components.VMValidatePath), without the leading '/' that envtest
@@ -172,8 +173,14 @@ func webhookConfiguration() *admissionv1.ValidatingWebhookConfiguration {
 	}
 }
 
+// hostPathPrefixes are the node directories the suite's KubeVirt CR allows
+// overlay host paths under: wide, so that the refusals of the kubelet's and
+// KubeVirt's own directories beneath them are exercised too.
+var hostPathPrefixes = []string{"/var/lib", "/var/run"}
+
 // createKubeVirt creates the KubeVirt CR the webhook's cluster configuration
-// follows, deployed, with the OverlayVolumes gate enabled.
+// follows, deployed, with the OverlayVolumes and HostDisk gates enabled and
+// hostPathPrefixes allowed.
 func createKubeVirt(server *framework.APIServer) {
 	ctx := context.Background()
 	core, err := kubernetes.NewForConfig(server.Config)
@@ -187,7 +194,8 @@ func createKubeVirt(server *framework.APIServer) {
 		"metadata":   map[string]any{"name": kubeVirtName, "namespace": kubeVirtNamespace},
 		"spec": map[string]any{
 			"configuration": map[string]any{
-				"developerConfiguration": map[string]any{"featureGates": []any{overlayGate}},
+				"developerConfiguration": map[string]any{"featureGates": []any{overlayGate, hostDiskGate}},
+				"overlayVolumes":         map[string]any{"allowedHostPathPrefixes": anySlice(hostPathPrefixes)},
 			},
 		},
 	}}
@@ -203,17 +211,32 @@ func createKubeVirt(server *framework.APIServer) {
 
 // setFeatureGates replaces the feature gates of the KubeVirt CR.
 func setFeatureGates(gates ...string) {
+	setKubeVirtList(gates, "developerConfiguration", "featureGates")
+}
+
+// setHostPathPrefixes replaces the prefixes the KubeVirt CR allows overlay
+// host paths under.
+func setHostPathPrefixes(prefixes ...string) {
+	setKubeVirtList(prefixes, "overlayVolumes", "allowedHostPathPrefixes")
+}
+
+func setKubeVirtList(values []string, configPath ...string) {
 	ctx := context.Background()
 	kubeVirts := client.Resource(kubeVirtResource).Namespace(kubeVirtNamespace)
 	kv, err := kubeVirts.Get(ctx, kubeVirtName, metav1.GetOptions{})
 	Expect(err).ToNot(HaveOccurred())
-	values := make([]any, len(gates))
-	for i, gate := range gates {
-		values[i] = gate
-	}
-	Expect(unstructured.SetNestedSlice(kv.Object, values, "spec", "configuration", "developerConfiguration", "featureGates")).To(Succeed())
+	path := append([]string{"spec", "configuration"}, configPath...)
+	Expect(unstructured.SetNestedSlice(kv.Object, anySlice(values), path...)).To(Succeed())
 	_, err = kubeVirts.Update(ctx, kv, metav1.UpdateOptions{})
 	Expect(err).ToNot(HaveOccurred())
+}
+
+func anySlice(values []string) []any {
+	out := make([]any, len(values))
+	for i, v := range values {
+		out[i] = v
+	}
+	return out
 }
 
 func describe(obj *unstructured.Unstructured) string {
