@@ -259,6 +259,13 @@ var refusals = []TableEntry{
 		},
 		field: "spec.volumes[1].overlay.targetHostPath.path", message: "is also the target of spec.volumes[0]",
 	}),
+	Entry("a backing claim another volume attaches writable", refusal{
+		volumes: []volume{
+			overlayVolume("rootdisk", map[string]any{"backingPVC": claim("golden")}),
+			{"name": "datadisk", "persistentVolumeClaim": claim("golden")},
+		},
+		field: "spec.volumes[0].overlay.backingPVC.claimName", message: "is also attached writable by spec.volumes[1]",
+	}),
 	Entry("a volume taking an overlay's pod volume name", refusal{
 		volumes: []volume{
 			overlayVolume("rootdisk", map[string]any{"backingPVC": claim("golden")}),
