@@ -360,8 +360,9 @@ func mapIfSet(path string, hostPath func(string) string) string {
 }
 
 // probe does for the converter context what the launcher's
-// probeHotplugContainerDisks does: the mounted image is probed and validated with the functions it uses, and a
-// writable one gets its overlay.
+// probeHotplugContainerDisks does: the mounted image is probed and
+// validated with the functions it uses, and a writable one gets its
+// overlay.
 func probe(vmi *v1.VirtualMachineInstance, c *converter.ConverterContext, hostPath func(string) string, creator hotplugOverlays) error {
 	mounted := map[string]bool{}
 	for _, status := range vmi.Status.VolumeStatus {
