@@ -70,6 +70,7 @@ func build(args []string) error {
 	platform := fs.String("platform", "linux/amd64", "OS/ARCH picked from a multi-platform base")
 	entrypoint := fs.String("entrypoint", "", "entrypoint, words separated by spaces (default: the base's)")
 	user := fs.String("user", "", "user the image runs as (default: the base's)")
+	tree := fs.String("tree", "", "a directory whose whole content, owned by root, is a layer under the files")
 	var files, elfs, envs, labels listFlag
 	fs.Var(&files, "file", "SOURCE:IMAGE-PATH[:OCTAL-MODE[:UID:GID]], repeatable")
 	fs.Var(&elfs, "elf", "SOURCE:IMAGE-PATH[:OCTAL-MODE]: a binary with the shared libraries it loads here, repeatable")
@@ -81,14 +82,14 @@ func build(args []string) error {
 		}
 		return err
 	}
-	if *out == "" || len(files)+len(elfs) == 0 {
-		return fmt.Errorf("--out and at least one --file or --elf are required")
+	if *out == "" || len(files)+len(elfs) == 0 && *tree == "" {
+		return fmt.Errorf("--out and at least one --file, --elf or --tree are required")
 	}
 	if *archive != "" && *ref == "" {
 		return fmt.Errorf("--archive needs --ref")
 	}
 
-	spec := ociimage.Spec{Env: envs, User: *user, Labels: map[string]string{}}
+	spec := ociimage.Spec{Env: envs, User: *user, Tree: *tree, Labels: map[string]string{}}
 	if *entrypoint != "" {
 		spec.Entrypoint = strings.Fields(*entrypoint)
 	}

@@ -11,9 +11,11 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -42,7 +44,11 @@ type Spec struct {
 	// Base is the image the files are layered onto; nil builds from
 	// scratch. The base's layers are kept as they are and its config is
 	// the starting point of the new one.
-	Base  v1.Image
+	Base v1.Image
+	// Tree is a directory on this machine whose whole content, owned by
+	// root, becomes one layer between the base and Files: the root file
+	// system of an image made from unpacked packages.
+	Tree  string
 	Files []File
 	// Entrypoint, Cmd, User and WorkingDir replace the base's when set.
 	Entrypoint []string
@@ -78,33 +84,30 @@ func Build(spec Spec) (v1.Image, error) {
 	}
 	created = created.UTC()
 
+	if spec.Tree != "" {
+		treeTar, err := tarTree(spec.Tree, created)
+		if err != nil {
+			return nil, fmt.Errorf("build image: %w", err)
+		}
+		if base, err = appendLayer(base, treeTar, created); err != nil {
+			return nil, err
+		}
+	}
 	var lower map[string]*tar.Header
-	if spec.Base != nil {
-		if lower, err = fileSystem(spec.Base); err != nil {
+	if spec.Base != nil || spec.Tree != "" {
+		if lower, err = fileSystem(base); err != nil {
 			return nil, fmt.Errorf("build image: read base: %w", err)
 		}
 	}
-	layerTar, err := tarFiles(spec.Files, lower, created)
-	if err != nil {
-		return nil, fmt.Errorf("build image: %w", err)
-	}
-	layerType, err := layerMediaType(base)
-	if err != nil {
-		return nil, fmt.Errorf("build image: base: %w", err)
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithMediaType(layerType))
-	if err != nil {
-		return nil, fmt.Errorf("build image: layer: %w", err)
-	}
-	img, err := mutate.Append(base, mutate.Addendum{
-		Layer:     layer,
-		MediaType: layerType,
-		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: createdBy},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("build image: %w", err)
+	img := base
+	if len(spec.Files) > 0 || spec.Tree == "" {
+		layerTar, err := tarFiles(spec.Files, lower, created)
+		if err != nil {
+			return nil, fmt.Errorf("build image: %w", err)
+		}
+		if img, err = appendLayer(base, layerTar, created); err != nil {
+			return nil, err
+		}
 	}
 	// Append recorded the layer's diff id and history in the config.
 	if cfg, err = img.ConfigFile(); err != nil {
@@ -118,6 +121,29 @@ func Build(spec Spec) (v1.Image, error) {
 	}
 	applySettings(&cfg.Config, spec)
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
+		return nil, fmt.Errorf("build image: %w", err)
+	}
+	return img, nil
+}
+
+// appendLayer adds one uncompressed tar as a layer of img.
+func appendLayer(img v1.Image, layerTar []byte, created time.Time) (v1.Image, error) {
+	layerType, err := layerMediaType(img)
+	if err != nil {
+		return nil, fmt.Errorf("build image: base: %w", err)
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar)), nil
+	}, tarball.WithMediaType(layerType))
+	if err != nil {
+		return nil, fmt.Errorf("build image: layer: %w", err)
+	}
+	img, err = mutate.Append(img, mutate.Addendum{
+		Layer:     layer,
+		MediaType: layerType,
+		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: createdBy},
+	})
+	if err != nil {
 		return nil, fmt.Errorf("build image: %w", err)
 	}
 	return img, nil
@@ -248,6 +274,66 @@ func tarFiles(files []File, lower map[string]*tar.Header, mtime time.Time) ([]by
 		if _, err := tw.Write(data); err != nil {
 			return nil, err
 		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// tarTree makes a layer of everything under dir, in name order: directories,
+// regular files and symbolic links with their modes (set-id bits included),
+// owned by root, timestamps set to mtime. Hard links become copies; any
+// other kind of file is refused, since an image never needs one.
+func tarTree(dir string, mtime time.Time) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		switch {
+		case info.Mode().IsRegular(), info.IsDir():
+		case info.Mode()&fs.ModeSymlink != 0:
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("tree %s: %s is %s, not a file, directory or symbolic link", dir, p, info.Mode().Type())
+		}
+		hdr, err := tar.FileInfoHeader(info, link)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		hdr.Name = filepath.ToSlash(rel)
+		if info.IsDir() {
+			hdr.Name += "/"
+		}
+		hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
+		hdr.ModTime, hdr.AccessTime, hdr.ChangeTime = mtime, time.Time{}, time.Time{}
+		hdr.Format = tar.FormatPAX
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, f)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := tw.Close(); err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -143,4 +144,41 @@ var _ = Describe("Build", func() {
 		Entry("a file used as a directory", []ociimage.File{{Path: "/x", Source: "/dev/null"}, {Path: "/x/y", Source: "/dev/null"}}, "both a file and a directory"),
 		Entry("a missing source", []ociimage.File{{Path: "/x", Source: "/nonexistent/file"}}, "image file /x"),
 	)
+})
+
+var _ = Describe("Build with a tree", func() {
+	It("makes the tree one root-owned layer under the files, modes and links kept", func() {
+		tree := GinkgoT().TempDir()
+		Expect(os.MkdirAll(filepath.Join(tree, "usr/bin"), 0o755)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(tree, "usr/bin/tool"), []byte("tool"), 0o755)).To(Succeed())
+		Expect(os.Chmod(filepath.Join(tree, "usr/bin/tool"), 0o755|os.ModeSetuid)).To(Succeed())
+		Expect(os.Symlink("usr/bin", filepath.Join(tree, "bin"))).To(Succeed())
+		bin := filepath.Join(GinkgoT().TempDir(), "extra")
+		Expect(os.WriteFile(bin, []byte("extra"), 0o600)).To(Succeed())
+
+		img, err := ociimage.Build(ociimage.Spec{Tree: tree, Files: []ociimage.File{{Path: "/usr/bin/extra", Source: bin, Mode: 0o555}}})
+		Expect(err).ToNot(HaveOccurred())
+		layers, err := img.Layers()
+		Expect(err).ToNot(HaveOccurred())
+		Expect(layers).To(HaveLen(2))
+		files := flattened(img)
+		Expect(files["usr/bin/tool"].Mode).To(Equal(int64(0o4755)))
+		Expect(files["usr/bin/tool"].Uid).To(BeZero())
+		Expect(files["bin"].Typeflag).To(Equal(byte(tar.TypeSymlink)))
+		Expect(files["bin"].Linkname).To(Equal("usr/bin"))
+		Expect(files["usr/bin/extra"].Mode).To(Equal(int64(0o555)))
+
+		// The same tree with other timestamps gives the same image.
+		Expect(os.Chtimes(filepath.Join(tree, "usr/bin/tool"), time.Now(), time.Now().Add(-time.Hour))).To(Succeed())
+		again, err := ociimage.Build(ociimage.Spec{Tree: tree, Files: []ociimage.File{{Path: "/usr/bin/extra", Source: bin, Mode: 0o555}}})
+		Expect(err).ToNot(HaveOccurred())
+		Expect(digestOf(again)).To(Equal(digestOf(img)))
+	})
+
+	It("refuses a special file in the tree, naming it", func() {
+		tree := GinkgoT().TempDir()
+		Expect(syscall.Mkfifo(filepath.Join(tree, "fifo"), 0o644)).To(Succeed())
+		_, err := ociimage.Build(ociimage.Spec{Tree: tree})
+		Expect(err).To(MatchError(ContainSubstring("fifo is p")))
+	})
 })
