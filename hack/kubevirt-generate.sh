@@ -17,8 +17,11 @@
 # BUILD.bazel files of the Go packages (gazelle); also virt-launcher's
 # internal domain types' deepcopy and the mocks of every Go file the series
 # changes (its //go:generate mockgen line).
+# The operator's manifests (manifests/generated, tools/resource-generator):
+# the KubeVirt CRD in them carries the configuration's schema, and the API
+# server drops fields a CRD's schema lacks.
 # Not regenerated, because nothing the series changes feeds them:
-# clientsets (no new kinds), protobuf, manifests and examples.
+# clientsets (no new kinds), protobuf, the OLM CSV and examples.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=common.sh
@@ -266,6 +269,21 @@ generate_openapi_spec() {
 	in_tree "${TREE_BIN}/openapispec" --dump-api-spec-path api/openapi-spec/swagger.json
 }
 
+# The same resource-generator calls as hack/generate.sh.
+generate_manifests() {
+	log "resource-generator"
+	local gen="${TREE_BIN}/resource-generator" dir=manifests/generated
+	in_tree "${gen}" --type=priorityclass >"${KUBEVIRT_TREE}/${dir}/kubevirt-priority-class.yaml"
+	in_tree "${gen}" --type=kv >"${KUBEVIRT_TREE}/${dir}/kv-resource.yaml"
+	in_tree "${gen}" --type=networkpolicies --namespace='{{.Namespace}}' \
+		>"${KUBEVIRT_TREE}/${dir}/kubevirt-network-policies.yaml.in"
+	in_tree "${gen}" --type=kv-cr --namespace='{{.Namespace}}' --pullPolicy='{{.ImagePullPolicy}}' \
+		--featureGates='{{.FeatureGates}}' --infraReplicas='{{.InfraReplicas}}' \
+		>"${KUBEVIRT_TREE}/${dir}/kubevirt-cr.yaml.in"
+	in_tree "${gen}" --type=operator-rbac --namespace='{{.Namespace}}' \
+		>"${KUBEVIRT_TREE}/${dir}/rbac-operator.authorization.k8s.yaml.in"
+}
+
 # kubevirt.io/api/apitesting round-trips fuzzed objects through fixtures;
 # hack/update-generated-api-testdata.sh rewrites the HEAD ones.
 generate_api_testdata() {
@@ -347,6 +365,9 @@ generate() {
 	# openapispec links the openapi definitions generated above.
 	build_tree_tool openapispec
 	generate_openapi_spec
+	# resource-generator links the CRD validations generated above.
+	build_tree_tool resource-generator
+	generate_manifests
 	generate_api_testdata
 	generate_launcher_deepcopy
 	generate_mocks
