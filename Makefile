@@ -22,6 +22,7 @@ all: deps build
 deps:
 	hack/install-deps.sh
 	hack/envtest-assets.sh >/dev/null
+	hack/kubernetes.sh >/dev/null
 	hack/s3-server.sh >/dev/null
 
 build: $(BIN)/container-disk go-build kubevirt
@@ -41,7 +42,9 @@ go-build:
 # upstream's paths and modes; their bases come from KUBEVIRT_BASE:
 # "registry" (quay.io/kubevirt/<component>:v1.7.0), or a directory holding
 # an OCI layout <component>/ or a docker archive <component>.tar each.
-# Without it they are skipped. Push: docs/install.md.
+# Without it they are built on a base made here from Debian's packages,
+# with virt-operator and its manifest (hack/kubevirt-images.sh): what the
+# one-node cluster runs. Push: docs/install.md.
 IMAGE_REGISTRY ?= kubevirt-qcow2
 IMAGE_TAG ?= dev
 KUBEVIRT_BASE ?=
@@ -58,7 +61,7 @@ images: go-build $(BIN)/container-disk
 		--file $(OUT)/static/datamover-upload:/usr/bin/datamover-upload:0755 \
 		--elf $$(command -v qemu-img):/usr/bin/qemu-img:0755 --entrypoint /usr/bin/datamover-upload
 	@if [[ -z "$(KUBEVIRT_BASE)" ]]; then \
-		echo "images: skipped $(KUBEVIRT_COMPONENTS): no KUBEVIRT_BASE (registry, or a directory of base images)"; exit 0; \
+		IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/kubevirt-images.sh; exit 0; \
 	fi; \
 	for c in $(KUBEVIRT_COMPONENTS); do \
 		[[ -x $(KUBEVIRT_OUT)/bin/$$c ]] || { echo "images: no $(KUBEVIRT_OUT)/bin/$$c: run make kubevirt"; exit 1; }; \
@@ -130,6 +133,16 @@ bench-hooks:
 .PHONY: demo
 demo:
 	FUNCTIONAL_VIRT_TYPE=$(FUNCTIONAL_VIRT_TYPE) $(GO) run ./hack/demo -out $(OUT)/demo
+
+.PHONY: cluster cluster-down
+# A one-node Kubernetes with the patched KubeVirt on this machine
+# (docs/testing.md): needs root and `make` first.
+cluster: images
+	hack/cluster.sh up
+	hack/cluster.sh kubevirt
+
+cluster-down:
+	hack/cluster.sh down
 
 clean:
 	rm -rf $(OUT) _build

@@ -40,18 +40,25 @@ install_apt_packages() {
 	return 0
 }
 
-# etcd comes from Debian's etcd-server package, unpacked into the cache: a
-# plain install would try to start a system service.
-install_etcd() {
-	local dest="${QCOW2_CACHE}/etcd"
-	[[ -x ${dest}/usr/bin/etcd ]] && return 0
-	log "unpacking etcd from Debian's etcd-server package"
-	local tmp
+# Debian packages whose programs the tests run but which must not be
+# installed: installing them would start system services. They are unpacked
+# into the cache instead, one directory per package set.
+unpack_debs() {
+	local dest=$1 probe=$2
+	shift 2
+	[[ -x ${dest}/${probe} ]] && return 0
+	log "unpacking Debian packages $* into the cache"
+	local tmp deb
 	tmp=$(mktemp -d)
-	(cd "${tmp}" && apt-get download -qq etcd-server)
-	mkdir -p "${dest}"
-	dpkg -x "${tmp}"/etcd-server_*.deb "${dest}"
-	rm -rf "${tmp}"
+	chmod 0755 "${tmp}" # apt downloads as its own user
+	(cd "${tmp}" && apt-get download -qq "$@")
+	rm -rf "${dest}.tmp"
+	mkdir -p "${dest}.tmp"
+	for deb in "${tmp}"/*.deb; do
+		dpkg -x "${deb}" "${dest}.tmp"
+	done
+	rm -rf "${tmp}" "${dest}"
+	mv "${dest}.tmp" "${dest}"
 }
 
 main() {
@@ -59,7 +66,10 @@ main() {
 		die "run as root: installs Debian packages"
 	fi
 	install_apt_packages
-	install_etcd
+	# etcd for envtest and the one-node cluster (hack/cluster.sh).
+	unpack_debs "${QCOW2_CACHE}/etcd" usr/bin/etcd etcd-server
+	# The one-node cluster's container runtime and pod network.
+	unpack_debs "${QCOW2_CACHE}/node" usr/bin/containerd containerd runc containernetworking-plugins
 	log "dependencies present"
 }
 

@@ -14,7 +14,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 readonly BASE_TAG=pristine
-readonly BINARIES=(virt-api virt-controller virt-handler virt-launcher virtctl)
+readonly BINARIES=(virt-operator virt-api virt-controller virt-handler virt-launcher virtctl
+	virt-chroot virt-launcher-monitor virt-probe virt-tail virt-freezer)
 # Fixed identity and dates keep the baseline commit id the same everywhere.
 readonly GIT_IDENTITY=(-c user.name="kubevirt-qcow2" -c user.email="kubevirt-qcow2@users.noreply.github.com")
 

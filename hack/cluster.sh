@@ -1,0 +1,559 @@
+#!/usr/bin/env bash
+# A one-node Kubernetes on this machine, for the end-to-end tests and for
+# trying the patched KubeVirt by hand (docs/testing.md):
+#
+#   hack/cluster.sh up        start it (again: harmless; after a killed run: cleans first)
+#   hack/cluster.sh down      stop it and remove every process, mount, cgroup, loop device and veth
+#   hack/cluster.sh status    say whether it runs and where its kubeconfig and logs are
+#   hack/cluster.sh kubevirt  install the patched KubeVirt (make images first) and wait for it
+#   hack/cluster.sh kubectl ARGS...
+#   hack/cluster.sh import ARCHIVE...   import docker archives into the node's containerd
+#   hack/cluster.sh exec CMD...         run a command inside the node's namespaces
+#
+# The node runs in namespaces of its own (PID, mount, network, UTS) with
+# hack/nodeinit as PID 1. Inside, /run is a tmpfs, /var/lib an overlay whose
+# upper directory is ours, /var/log a directory of ours, and the sysctls
+# kubelet writes are files of ours, so the host's kubelet, containerd and
+# CNI directories, sysctls and iptables are never touched. A veth pair joins
+# the node's network namespace to the host's; the host end is the node's
+# default gateway and how the host reaches the API server.
+set -euo pipefail
+
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+readonly CLUSTER_DIR=${CLUSTER_DIR:-${QCOW2_ROOT}/_out/cluster}
+readonly NODE_NAME=kubevirt-qcow2-node
+readonly NODE_IP=${CLUSTER_NODE_IP:-10.99.0.1}
+readonly HOST_IP=${CLUSTER_HOST_IP:-10.99.0.254}
+readonly HOST_VETH=kvq-node0
+readonly POD_CIDR=10.244.0.0/24
+readonly SERVICE_CIDR=10.96.0.0/16
+readonly KUBERNETES_SERVICE_IP=10.96.0.1
+readonly CGROUP_NAME=kubevirt-qcow2-node
+readonly NODE_PACKAGES=${QCOW2_CACHE}/node
+readonly ETCD=${QCOW2_CACHE}/etcd/usr/bin/etcd
+readonly PKI=${CLUSTER_DIR}/pki
+readonly ETC=${CLUSTER_DIR}/etc
+readonly LOGS=${CLUSTER_DIR}/logs
+readonly PIDFILE=${CLUSTER_DIR}/node.pid
+readonly KUBECONFIG_FILE=${CLUSTER_DIR}/kubeconfig
+readonly PAUSE_IMAGE=kubevirt-qcow2/pause:dev
+# How long `up` waits for the API server and for the node to be Ready.
+readonly UP_TIMEOUT=${CLUSTER_UP_TIMEOUT:-180}
+
+usage() {
+	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+	exit 2
+}
+
+kubernetes_bin() {
+	local dir
+	dir=$("${QCOW2_ROOT}/hack/kubernetes.sh")
+	echo "${dir}"
+}
+
+# The host PID of nodeinit, empty when no node runs.
+node_pid() {
+	local pid
+	[[ -f ${PIDFILE} ]] || return 0
+	pid=$(<"${PIDFILE}")
+	[[ -d /proc/${pid} && $(readlink "/proc/${pid}/exe" 2>/dev/null) == *nodeinit* ]] && echo "${pid}"
+	return 0
+}
+
+in_node() {
+	local pid
+	pid=$(node_pid)
+	[[ -n ${pid} ]] || die "no node runs: hack/cluster.sh up"
+	nsenter --target "${pid}" --mount --net --pid --uts -- "$@"
+}
+
+node_kubectl() {
+	KUBECONFIG=${KUBECONFIG_FILE} "$(kubernetes_bin)/kubectl" "$@"
+}
+
+# --- certificates and configuration (written by `up`, on the host) ---
+
+cert() {
+	local name=$1 subject=$2 ca=$3 ext=${4:-}
+	openssl req -new -newkey rsa:2048 -nodes -keyout "${PKI}/${name}.key" -subj "${subject}" \
+		-out "${PKI}/${name}.csr" 2>/dev/null
+	local args=(-req -in "${PKI}/${name}.csr" -CA "${PKI}/${ca}.crt" -CAkey "${PKI}/${ca}.key"
+		-CAcreateserial -days 3650 -out "${PKI}/${name}.crt")
+	if [[ -n ${ext} ]]; then
+		printf '%s\n' "${ext}" >"${PKI}/${name}.ext"
+		args+=(-extfile "${PKI}/${name}.ext")
+	fi
+	openssl x509 "${args[@]}" 2>/dev/null
+	rm -f "${PKI}/${name}.csr"
+}
+
+ca() {
+	openssl req -x509 -new -newkey rsa:2048 -nodes -days 3650 -subj "/CN=$2" \
+		-keyout "${PKI}/$1.key" -out "${PKI}/$1.crt" 2>/dev/null
+}
+
+write_pki() {
+	rm -rf "${PKI}"
+	mkdir -p "${PKI}"
+	ca ca kubevirt-qcow2-node-ca
+	ca front-proxy-ca kubevirt-qcow2-front-proxy-ca
+	cert apiserver "/CN=kube-apiserver" ca \
+		"subjectAltName=IP:127.0.0.1,IP:${NODE_IP},IP:${KUBERNETES_SERVICE_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+extendedKeyUsage=serverAuth"
+	cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" ca "extendedKeyUsage=clientAuth"
+	cert front-proxy-client "/CN=front-proxy-client" front-proxy-ca "extendedKeyUsage=clientAuth"
+	openssl genrsa -out "${PKI}/sa.key" 2048 2>/dev/null
+	openssl rsa -in "${PKI}/sa.key" -pubout -out "${PKI}/sa.pub" 2>/dev/null
+	# Static tokens: the node is private to this machine, and tokens need
+	# no signing round trip per component.
+	local admin kubelet
+	admin=$(openssl rand -hex 16)
+	kubelet=$(openssl rand -hex 16)
+	printf '%s,admin,admin,"system:masters"\n%s,system:node:%s,kubelet,"system:nodes"\n' \
+		"${admin}" "${kubelet}" "${NODE_NAME}" >"${PKI}/tokens.csv"
+	kubeconfig "${KUBECONFIG_FILE}" "https://${NODE_IP}:6443" "${admin}"
+	kubeconfig "${ETC}/admin.kubeconfig" "https://127.0.0.1:6443" "${admin}"
+	kubeconfig "${ETC}/kubelet.kubeconfig" "https://127.0.0.1:6443" "${kubelet}"
+}
+
+kubeconfig() {
+	local file=$1 server=$2 token=$3
+	cat >"${file}" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: ${NODE_NAME}
+  cluster:
+    server: ${server}
+    certificate-authority-data: $(base64 -w0 "${PKI}/ca.crt")
+users:
+- name: admin
+  user:
+    token: ${token}
+contexts:
+- name: ${NODE_NAME}
+  context: {cluster: ${NODE_NAME}, user: admin}
+current-context: ${NODE_NAME}
+EOF
+	chmod 0600 "${file}"
+}
+
+write_config() {
+	mkdir -p "${ETC}/cni" "${LOGS}"
+	cat >"${ETC}/containerd.toml" <<EOF
+version = 2
+root = "${CLUSTER_DIR}/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "${PAUSE_IMAGE}"
+  # Lowering oom_score_adj needs CAP_SYS_RESOURCE, which this machine's
+  # bounding set lacks: runc would fail every container.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    snapshotter = "overlayfs"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    BinaryName = "${NODE_PACKAGES}/usr/sbin/runc"
+    SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "${NODE_PACKAGES}/usr/lib/cni"
+    conf_dir = "${ETC}/cni"
+EOF
+	cat >"${ETC}/cni/10-pods.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "pods",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "${POD_CIDR}"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+	cat >"${ETC}/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+cgroupRoot: /${CGROUP_NAME}
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+failSwapOn: false
+protectKernelDefaults: false
+oomScoreAdj: 0
+clusterDomain: cluster.local
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: ${PKI}/ca.crt}
+authorization: {mode: Webhook}
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+imageGCHighThresholdPercent: 99
+imageGCLowThresholdPercent: 98
+serializeImagePulls: false
+EOF
+	cat >"${ETC}/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: ${ETC}/admin.kubeconfig}
+hostnameOverride: ${NODE_NAME}
+mode: iptables
+clusterCIDR: ${POD_CIDR}
+# Pods on one bridge reach each other's services: without br_netfilter the
+# reply would bypass the DNAT.
+iptables: {masqueradeAll: true}
+# Global conntrack sysctls stay as the host has them.
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+oomScoreAdj: 0
+EOF
+}
+
+# --- inside the node's namespaces ---
+
+# Daemons started by the node script, stopped in reverse order.
+NODE_DAEMONS=()
+
+start_daemon() {
+	local name=$1
+	shift
+	"$@" >"${LOGS}/${name}.log" 2>&1 &
+	NODE_DAEMONS+=("$!")
+	echo "${name} $!" >>"${LOGS}/daemons"
+}
+
+stop_daemons() {
+	local i
+	for ((i = ${#NODE_DAEMONS[@]} - 1; i >= 0; i--)); do
+		kill -TERM "${NODE_DAEMONS[i]}" 2>/dev/null || true
+		wait "${NODE_DAEMONS[i]}" 2>/dev/null || true
+	done
+}
+
+wait_for() {
+	local what=$1 seconds=$2
+	shift 2
+	local deadline=$((SECONDS + seconds))
+	until "$@" >/dev/null 2>&1; do
+		((SECONDS < deadline)) || die "${what} not ready after ${seconds}s"
+		sleep 0.5
+	done
+}
+
+node_mounts() {
+	mount --make-rprivate /
+	mount -t tmpfs -o mode=0755 tmpfs /run
+	# /var/run is a link to /run on Debian; the names KubeVirt uses resolve.
+	mkdir -p /run/containerd /run/lock
+	mkdir -p "${CLUSTER_DIR}/varlib/upper" "${CLUSTER_DIR}/varlib/work" "${CLUSTER_DIR}/varlog"
+	mount -t overlay overlay \
+		-o "lowerdir=/var/lib,upperdir=${CLUSTER_DIR}/varlib/upper,workdir=${CLUSTER_DIR}/varlib/work" /var/lib
+	mount --bind "${CLUSTER_DIR}/varlog" /var/log
+	# A new network namespace keeps showing the host's /sys/class/net until
+	# sysfs is mounted again; the cgroup mounts are carried over.
+	local aside="${CLUSTER_DIR}/cgroup-aside"
+	mkdir -p "${aside}"
+	mount --rbind /sys/fs/cgroup "${aside}"
+	mount -t sysfs sysfs /sys
+	mount --rbind "${aside}" /sys/fs/cgroup
+	umount -l "${aside}"
+	# KubeVirt names /var/lib/kubelet; its pods' mounts propagate through it.
+	# Shared only now: the lazy unmount above would have propagated.
+	mkdir -p /var/lib/kubelet
+	mount --bind /var/lib/kubelet /var/lib/kubelet
+	mount --make-rshared /
+	# kubelet sets these global sysctls; it writes files of ours instead.
+	local kv file
+	mkdir -p "${CLUSTER_DIR}/sysctl"
+	for kv in kernel/panic=10 kernel/panic_on_oops=1 vm/overcommit_memory=1 vm/panic_on_oom=0 \
+		kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
+		file="${CLUSTER_DIR}/sysctl/${kv%%=*}"
+		mkdir -p "$(dirname "${file}")"
+		echo "${kv#*=}" >"${file}"
+		mount --bind "${file}" "/proc/sys/${kv%%=*}"
+	done
+}
+
+node_network() {
+	local deadline=$((SECONDS + 30))
+	until ip link show eth0 >/dev/null 2>&1; do
+		((SECONDS < deadline)) || die "the host never gave the node its veth"
+		sleep 0.1
+	done
+	hostname "${NODE_NAME}"
+	ip link set lo up
+	ip addr add "${NODE_IP}/24" dev eth0
+	ip link set eth0 up
+	ip route add default via "${HOST_IP}" dev eth0 onlink
+	echo 1 >/proc/sys/net/ipv4/ip_forward
+}
+
+node_main() {
+	local kube
+	kube=$(kubernetes_bin)
+	export PATH="${NODE_PACKAGES}/usr/bin:${NODE_PACKAGES}/usr/sbin:${PATH}"
+	trap 'stop_daemons; exit 0' TERM INT
+	: >"${LOGS}/daemons"
+	node_mounts
+	node_network
+
+	start_daemon etcd "${ETCD}" --data-dir "${CLUSTER_DIR}/etcd" \
+		--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+		--listen-peer-urls http://127.0.0.1:2380 --unsafe-no-fsync
+	wait_for etcd 30 curl -fsS http://127.0.0.1:2379/health
+	start_daemon kube-apiserver "${kube}/kube-apiserver" \
+		--etcd-servers=http://127.0.0.1:2379 \
+		--bind-address=0.0.0.0 --secure-port=6443 --advertise-address="${NODE_IP}" \
+		--service-cluster-ip-range="${SERVICE_CIDR}" \
+		--tls-cert-file="${PKI}/apiserver.crt" --tls-private-key-file="${PKI}/apiserver.key" \
+		--client-ca-file="${PKI}/ca.crt" --token-auth-file="${PKI}/tokens.csv" \
+		--service-account-key-file="${PKI}/sa.pub" --service-account-signing-key-file="${PKI}/sa.key" \
+		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
+		--kubelet-client-certificate="${PKI}/apiserver-kubelet-client.crt" \
+		--kubelet-client-key="${PKI}/apiserver-kubelet-client.key" \
+		--kubelet-preferred-address-types=InternalIP \
+		--authorization-mode=Node,RBAC --allow-privileged=true --enable-aggregator-routing=true \
+		--requestheader-client-ca-file="${PKI}/front-proxy-ca.crt" \
+		--requestheader-allowed-names=front-proxy-client \
+		--requestheader-extra-headers-prefix=X-Remote-Extra- \
+		--requestheader-group-headers=X-Remote-Group --requestheader-username-headers=X-Remote-User \
+		--proxy-client-cert-file="${PKI}/front-proxy-client.crt" \
+		--proxy-client-key-file="${PKI}/front-proxy-client.key" \
+		--profiling=false
+	wait_for kube-apiserver 120 "${kube}/kubectl" --kubeconfig "${ETC}/admin.kubeconfig" get --raw /readyz
+	start_daemon kube-controller-manager "${kube}/kube-controller-manager" \
+		--kubeconfig="${ETC}/admin.kubeconfig" --bind-address=127.0.0.1 \
+		--service-account-private-key-file="${PKI}/sa.key" --root-ca-file="${PKI}/ca.crt" \
+		--cluster-signing-cert-file="${PKI}/ca.crt" --cluster-signing-key-file="${PKI}/ca.key" \
+		--use-service-account-credentials --leader-elect=false --profiling=false
+	start_daemon kube-scheduler "${kube}/kube-scheduler" \
+		--kubeconfig="${ETC}/admin.kubeconfig" --bind-address=127.0.0.1 --leader-elect=false --profiling=false
+	start_daemon containerd containerd --config "${ETC}/containerd.toml"
+	wait_for containerd 30 ctr --address /run/containerd/containerd.sock version
+	start_daemon kubelet "${kube}/kubelet" --config="${ETC}/kubelet.yaml" \
+		--kubeconfig="${ETC}/kubelet.kubeconfig" --root-dir=/var/lib/kubelet \
+		--node-ip="${NODE_IP}" --hostname-override="${NODE_NAME}"
+	start_daemon kube-proxy "${kube}/kube-proxy" --config="${ETC}/kube-proxy.yaml"
+	touch "${CLUSTER_DIR}/node.started"
+	# One component exiting ends the node: a half node is not a node.
+	local status=0
+	wait -n || status=$?
+	log "a node component exited (status ${status}); see ${LOGS}/daemons and its log"
+	stop_daemons
+	exit 1
+}
+
+# --- on the host ---
+
+# The cgroups kubelet made under our root, deepest first, in every hierarchy.
+remove_cgroups() {
+	local root dir _
+	for root in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+		[[ -d ${root}${CGROUP_NAME} ]] || continue
+		for _ in $(seq 50); do
+			while IFS= read -r dir; do
+				rmdir "${dir}" 2>/dev/null || true
+			done < <(find "${root}${CGROUP_NAME}" -depth -type d)
+			[[ -d ${root}${CGROUP_NAME} ]] || break
+			sleep 0.1
+		done
+		[[ ! -d ${root}${CGROUP_NAME} ]] || log "warning: cgroup ${root}${CGROUP_NAME} still busy"
+	done
+}
+
+make_cgroups() {
+	local root
+	for root in /sys/fs/cgroup/*/; do
+		[[ -d ${root} && ! -L ${root%/} ]] || continue
+		[[ -f ${root}cgroup.procs ]] || continue
+		mkdir -p "${root}${CGROUP_NAME}"
+		if [[ -f ${root}cpuset.cpus ]]; then
+			cat "${root}cpuset.cpus" >"${root}${CGROUP_NAME}/cpuset.cpus"
+			cat "${root}cpuset.mems" >"${root}${CGROUP_NAME}/cpuset.mems"
+		fi
+	done
+}
+
+# Loop devices whose backing files live in the node's directory.
+remove_loop_devices() {
+	local line dev
+	while IFS= read -r line; do
+		dev=${line%%:*}
+		losetup -d "${dev}" 2>/dev/null || true
+	done < <(losetup -a | grep -F "(${CLUSTER_DIR}/" || true)
+}
+
+down() {
+	local pid
+	pid=$(node_pid)
+	if [[ -n ${pid} ]]; then
+		kill -TERM "${pid}" 2>/dev/null || true
+		local i
+		for i in $(seq 100); do
+			[[ -d /proc/${pid} ]] || break
+			sleep 0.2
+		done
+		# PID 1 gone: the kernel kills everything else in the namespace.
+		kill -KILL "${pid}" 2>/dev/null || true
+		while [[ -d /proc/${pid} ]]; do sleep 0.1; done
+	fi
+	rm -f "${PIDFILE}" "${CLUSTER_DIR}/node.started"
+	ip link del "${HOST_VETH}" 2>/dev/null || true
+	remove_loop_devices
+	remove_cgroups
+}
+
+status() {
+	local pid
+	pid=$(node_pid)
+	if [[ -z ${pid} ]]; then
+		echo "down"
+		return 1
+	fi
+	echo "up: node ${NODE_NAME} (nodeinit PID ${pid})"
+	echo "kubeconfig: ${KUBECONFIG_FILE}"
+	echo "logs: ${LOGS}"
+	node_kubectl get nodes 2>&1 || true
+}
+
+fail_up() {
+	log "error: $*"
+	log "logs: ${LOGS} (node.log and one log per component)"
+	down
+	exit 1
+}
+
+up() {
+	[[ ${EUID} -eq 0 ]] || die "run as root: the node needs namespaces, mounts and cgroups"
+	local start=${SECONDS} kube missing=()
+	if [[ -n $(node_pid) ]] && node_kubectl get --raw /readyz >/dev/null 2>&1; then
+		log "already up"
+		status
+		return 0
+	fi
+	down # what a killed run left
+	kube=$(kubernetes_bin)
+	local need
+	for need in "${ETCD}" "${NODE_PACKAGES}/usr/bin/containerd" "${NODE_PACKAGES}/usr/sbin/runc" \
+		"${NODE_PACKAGES}/usr/lib/cni/bridge" /usr/sbin/iptables /usr/bin/openssl /usr/bin/curl; do
+		[[ -x ${need} ]] || missing+=("${need}")
+	done
+	[[ ${#missing[@]} -eq 0 ]] || die "missing ${missing[*]}: run make deps"
+	if ip -o addr show | grep -qw "${HOST_IP}"; then
+		die "${HOST_IP} is already used on this host; set CLUSTER_HOST_IP and CLUSTER_NODE_IP"
+	fi
+
+	# A fresh node every time; only the image store outlives it.
+	rm -rf "${CLUSTER_DIR}/etcd" "${CLUSTER_DIR}/varlib" "${CLUSTER_DIR}/varlog" "${LOGS}" "${ETC}"
+	mkdir -p "${CLUSTER_DIR}" "${LOGS}" "${ETC}"
+	write_pki
+	write_config
+	make_cgroups
+	local nodeinit="${CLUSTER_DIR}/bin/nodeinit"
+	(cd "${QCOW2_ROOT}" && CGO_ENABLED=0 go build -trimpath -o "${CLUSTER_DIR}/bin/" ./hack/nodeinit ./cmd/oci-image) ||
+		fail_up "cannot build hack/nodeinit and cmd/oci-image"
+	# nodeinit without arguments is the pod sandboxes' pause program.
+	"${CLUSTER_DIR}/bin/oci-image" --out "${CLUSTER_DIR}/images/pause" --ref "${PAUSE_IMAGE}" \
+		--archive "${CLUSTER_DIR}/pause.tar" --file "${nodeinit}:/pause:0755" --entrypoint /pause \
+		--user 65535 >/dev/null || fail_up "cannot build the pause image"
+
+	setsid unshare --mount --pid --net --uts --fork --mount-proc --propagation private \
+		"${nodeinit}" "${QCOW2_ROOT}/hack/cluster.sh" _node </dev/null >"${LOGS}/node.log" 2>&1 &
+	local unshare_pid=$! pid='' i
+	for i in $(seq 100); do
+		pid=$(awk '{print $1}' "/proc/${unshare_pid}/task/${unshare_pid}/children" 2>/dev/null || true)
+		[[ -n ${pid} ]] && break
+		sleep 0.05
+	done
+	[[ -n ${pid} ]] || fail_up "the node's namespaces did not start"
+	echo "${pid}" >"${PIDFILE}"
+	ip link add "${HOST_VETH}" type veth peer name eth0 netns "${pid}" || fail_up "cannot create the veth pair"
+	ip addr add "${HOST_IP}/24" dev "${HOST_VETH}"
+	ip link set "${HOST_VETH}" up
+
+	local deadline=$((SECONDS + UP_TIMEOUT))
+	until node_kubectl get --raw /readyz >/dev/null 2>&1; do
+		[[ -n $(node_pid) ]] || fail_up "the node exited"
+		((SECONDS < deadline)) || fail_up "the API server was not ready after ${UP_TIMEOUT}s"
+		sleep 0.5
+	done
+	until [[ -f ${CLUSTER_DIR}/node.started ]]; do
+		[[ -n $(node_pid) ]] || fail_up "the node exited"
+		((SECONDS < deadline)) || fail_up "the node's components did not start in ${UP_TIMEOUT}s"
+		sleep 0.5
+	done
+	import_archives "${CLUSTER_DIR}/pause.tar" || fail_up "cannot import the pause image"
+	until node_kubectl wait --for=condition=Ready "node/${NODE_NAME}" --timeout=5s >/dev/null 2>&1; do
+		[[ -n $(node_pid) ]] || fail_up "the node exited"
+		((SECONDS < deadline)) || fail_up "node ${NODE_NAME} was not Ready after ${UP_TIMEOUT}s"
+		sleep 1
+	done
+	# The one node is the control plane too; virt-operator runs only there.
+	node_kubectl label --overwrite "node/${NODE_NAME}" node-role.kubernetes.io/control-plane= >/dev/null
+	log "node ${NODE_NAME} Ready in $((SECONDS - start))s"
+	echo "export KUBECONFIG=${KUBECONFIG_FILE}"
+}
+
+# KubeVirt as users install it: the operator manifest, then the KubeVirt CR
+# of deploy/kubevirt with our feature gates; emulation only without KVM.
+install_kubevirt() {
+	local start=${SECONDS} manifest="${KUBEVIRT_OUT}/manifests/kubevirt-operator.yaml" c archives=()
+	[[ -n $(node_pid) ]] || die "no node runs: hack/cluster.sh up"
+	[[ -f ${manifest} ]] || die "no ${manifest}: run make images"
+	for c in virt-operator virt-api virt-controller virt-handler virt-launcher; do
+		archives+=("${QCOW2_ROOT}/_out/images/${c}.tar")
+	done
+	import_archives "${archives[@]}" || die "cannot import KubeVirt's images: run make images"
+	log "images imported in $((SECONDS - start))s"
+	node_kubectl apply -f "${manifest}" >/dev/null
+	node_kubectl -n kubevirt rollout status deployment/virt-operator --timeout=300s ||
+		kubevirt_failed "virt-operator did not become ready"
+	node_kubectl apply -f "${QCOW2_ROOT}/deploy/kubevirt/kubevirt.yaml" >/dev/null
+	if [[ ! -c /dev/kvm ]]; then
+		node_kubectl -n kubevirt patch kubevirt kubevirt --type merge \
+			-p '{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true}}}}' >/dev/null
+	fi
+	node_kubectl -n kubevirt wait kubevirt/kubevirt --for=condition=Available --timeout=600s >/dev/null ||
+		kubevirt_failed "KubeVirt did not become Available"
+	log "KubeVirt Available in $((SECONDS - start))s"
+}
+
+kubevirt_failed() {
+	log "error: $*"
+	node_kubectl -n kubevirt get kubevirt,pods -o wide >&2 || true
+	node_kubectl -n kubevirt get events --sort-by=.lastTimestamp >&2 || true
+	log "node logs: ${LOGS}; pod logs: hack/cluster.sh kubectl -n kubevirt logs POD"
+	exit 1
+}
+
+import_archives() {
+	local archive
+	for archive in "$@"; do
+		[[ -f ${archive} ]] || { log "no image archive ${archive}"; return 1; }
+		archive=$(realpath "${archive}")
+		in_node "${NODE_PACKAGES}/usr/bin/ctr" --address /run/containerd/containerd.sock \
+			-n k8s.io images import "${archive}" >/dev/null ||
+			{ log "importing ${archive} failed"; return 1; }
+	done
+}
+
+main() {
+	local cmd=${1:-}
+	[[ $# -gt 0 ]] && shift
+	case "${cmd}" in
+	up) up ;;
+	down) down ;;
+	status) status ;;
+	kubevirt) install_kubevirt ;;
+	kubectl) node_kubectl "$@" ;;
+	import) import_archives "$@" ;;
+	exec) in_node "$@" ;;
+	_node) node_main ;;
+	*) usage ;;
+	esac
+}
+
+main "$@"

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Builds every image virt-operator v1.7.0 deploys with the cluster's default
+# feature gates (virt-operator, virt-api, virt-controller, virt-handler,
+# virt-launcher) from the patched tree's binaries, without a container engine
+# or a registry, and the operator manifest that names them:
+#
+#   _out/images/<component>/        OCI image layouts
+#   _out/images/<component>.tar     docker archives, for `hack/cluster.sh import`
+#   _out/kubevirt-v1.7.0/manifests/kubevirt-operator.yaml
+#
+# virt-handler and virt-launcher share one base made from Debian 12's
+# packages (libvirt 9.0, QEMU 7.2), unpacked without maintainer scripts and
+# cached by the exact package versions; the other three hold their binary and
+# the libraries it loads. docs/install.md lists what differs from upstream's
+# images.
+set -euo pipefail
+
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+readonly IMAGE_REGISTRY=${IMAGE_REGISTRY:-kubevirt-qcow2}
+readonly IMAGE_TAG=${IMAGE_TAG:-dev}
+readonly IMAGES=${QCOW2_ROOT}/_out/images
+readonly KUBEVIRT_BIN=${KUBEVIRT_OUT}/bin
+readonly OCI_IMAGE=${QCOW2_ROOT}/_out/bin/oci-image
+readonly CONTAINER_DISK=${QCOW2_ROOT}/_out/bin/container-disk
+# What virt-handler, virt-launcher and the programs they start run: libvirt's
+# daemons and virsh, QEMU, qemu-img, and a shell with the usual tools for
+# node-labeller.sh and KubeVirt's exec probes.
+readonly BASE_PACKAGES=(
+	base-files bash dash coreutils util-linux mount grep sed findutils procps
+	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils
+	nftables iproute2
+)
+# Upstream's users: root, and qemu (107) that the non-root launcher runs as;
+# nonroot (1001) for the Go components. Debian's libvirt resolves its
+# compiled-in default user libvirt-qemu before it reads qemu.conf.
+readonly PASSWD='root:x:0:0:root:/root:/bin/bash
+qemu:x:107:107:qemu:/home/qemu:/bin/bash
+nonroot:x:1001:1001:nonroot:/home/nonroot:/sbin/nologin
+libvirt-qemu:x:64055:64055:libvirt qemu:/nonexistent:/usr/sbin/nologin'
+readonly GROUP='root:x:0:
+qemu:x:107:
+nonroot:x:1001:
+libvirt-qemu:x:64055:'
+
+apt_options() {
+	# An empty package status: apt resolves the whole closure, as for an
+	# empty root file system.
+	echo -o Dir::State::status=/dev/null -o Debug::NoLocking=1
+}
+
+# The base's root file system, unpacked once per set of package versions;
+# prints its directory.
+node_base() {
+	local debs key dir tmp
+	# shellcheck disable=SC2046
+	debs=$(apt-get --print-uris -qq $(apt_options) install -y --no-install-recommends "${BASE_PACKAGES[@]}" |
+		awk '{print $2}' | sort)
+	[[ -n ${debs} ]] || die "apt resolved no packages for the base image"
+	# Keyed by the packages and by how they are assembled (this function).
+	key=$( (printf '%s\n' "${debs}" "${PASSWD}" "${GROUP}" && declare -f node_base) | sha256sum | cut -c1-16)
+	dir="${QCOW2_CACHE}/images/node-base-${key}"
+	if [[ ! -d ${dir} ]]; then
+		log "unpacking the node base from $(wc -l <<<"${debs}") Debian packages (once per package set)"
+		tmp=$(mktemp -d)
+		mkdir -p "${tmp}/debs/partial" "${tmp}/root"
+		chmod -R 0755 "${tmp}"
+		# shellcheck disable=SC2046
+		apt-get -qq $(apt_options) -o Dir::Cache::archives="${tmp}/debs" \
+			install -y --download-only --no-install-recommends "${BASE_PACKAGES[@]}" >/dev/null
+		local deb
+		for deb in "${tmp}"/debs/*.deb; do
+			dpkg -x "${deb}" "${tmp}/root"
+		done
+		# Maintainer scripts would have made these.
+		printf '%s\n' "${PASSWD}" >"${tmp}/root/etc/passwd"
+		printf '%s\n' "${GROUP}" >"${tmp}/root/etc/group"
+		mkdir -p "${tmp}/root/home/qemu" "${tmp}/root/tmp" "${tmp}/root/var/log/libvirt"
+		chmod 1777 "${tmp}/root/tmp"
+		# KubeVirt names both /run and /var/run for the same files.
+		rm -rf "${tmp}/root/var/run" "${tmp}/root/var/lock"
+		ln -s ../run "${tmp}/root/var/run"
+		ln -s ../run/lock "${tmp}/root/var/lock"
+		ldconfig -r "${tmp}/root"
+		# Documentation and translations are not needed to run.
+		rm -rf "${tmp}/root/usr/share/doc" "${tmp}/root/usr/share/man" "${tmp}/root/usr/share/locale" \
+			"${tmp}/root/usr/share/info"
+		mkdir -p "$(dirname "${dir}")"
+		mv "${tmp}/root" "${dir}"
+		rm -rf "${tmp}"
+	fi
+	echo "${dir}"
+}
+
+image() {
+	local name=$1
+	shift
+	"${OCI_IMAGE}" --out "${IMAGES}/${name}" --archive "${IMAGES}/${name}.tar" \
+		--ref "${IMAGE_REGISTRY}/${name}:${IMAGE_TAG}" --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		"$@" | head -1
+}
+
+kubevirt_images() {
+	local base tree=${KUBEVIRT_TREE} conf
+	for bin in virt-operator virt-api virt-controller virt-handler virt-chroot virt-launcher \
+		virt-launcher-monitor virt-probe virt-tail virt-freezer; do
+		[[ -x ${KUBEVIRT_BIN}/${bin} ]] || die "no ${KUBEVIRT_BIN}/${bin}: run make kubevirt"
+	done
+	[[ -x ${OCI_IMAGE} && -x ${CONTAINER_DISK} ]] || die "no ${OCI_IMAGE} or ${CONTAINER_DISK}: run make build"
+	base=$(node_base)
+	mkdir -p "${IMAGES}"
+	# What the Go components' images hold besides the binary and its
+	# libraries: a /tmp (virt-api writes its certificates there) and users.
+	local minimal c
+	minimal=$(mktemp -d)
+	mkdir -p "${minimal}/tmp" "${minimal}/etc"
+	chmod 1777 "${minimal}/tmp"
+	printf '%s\n' "${PASSWD}" >"${minimal}/etc/passwd"
+	printf '%s\n' "${GROUP}" >"${minimal}/etc/group"
+	for c in virt-operator virt-api virt-controller; do
+		image "${c}" --tree "${minimal}" --elf "${KUBEVIRT_BIN}/${c}:/usr/bin/${c}:0555" --user 1001
+	done
+	rm -rf "${minimal}"
+	image virt-handler --tree "${base}" \
+		--file "${KUBEVIRT_BIN}/virt-handler:/usr/bin/virt-handler:0555" \
+		--file "${KUBEVIRT_BIN}/virt-chroot:/usr/bin/virt-chroot:0555" \
+		--entrypoint /usr/bin/virt-handler
+	conf=$(mktemp -d)
+	# Debian 12's libvirt has only the monolithic daemon; virt-launcher and
+	# node-labeller.sh start virtqemud and connect to its socket name.
+	cat >"${conf}/virtqemud" <<'SH'
+#!/bin/sh
+# libvirtd under the modular daemon's name (Debian 12 has no virtqemud).
+dir=/run/libvirt
+[ "$(id -u)" = 0 ] || dir=${XDG_RUNTIME_DIR:-/run}/libvirt
+mkdir -p "$dir"
+ln -sf libvirt-sock "$dir/virtqemud-sock"
+exec /usr/sbin/libvirtd "$@"
+SH
+	echo '# defaults' >"${conf}/virtlogd.conf"
+	image virt-launcher --tree "${base}" \
+		--file "${KUBEVIRT_BIN}/virt-launcher:/usr/bin/virt-launcher:0555" \
+		--file "${KUBEVIRT_BIN}/virt-launcher-monitor:/usr/bin/virt-launcher-monitor:0555" \
+		--file "${KUBEVIRT_BIN}/virt-probe:/usr/bin/virt-probe:0555" \
+		--file "${KUBEVIRT_BIN}/virt-tail:/usr/bin/virt-tail:0555" \
+		--file "${KUBEVIRT_BIN}/virt-freezer:/usr/bin/virt-freezer:0555" \
+		--file "${CONTAINER_DISK}:/usr/bin/container-disk:0555" \
+		--file "${tree}/cmd/virt-launcher/node-labeller/node-labeller.sh:/usr/bin/node-labeller.sh:0555" \
+		--file "${tree}/cmd/virt-launcher/qemu.conf:/etc/libvirt/qemu.conf:0644" \
+		--file "${tree}/cmd/virt-launcher/virtqemud.conf:/etc/libvirt/virtqemud.conf:0644" \
+		--file "${conf}/virtlogd.conf:/etc/libvirt/virtlogd.conf:0644" \
+		--file "${tree}/cmd/virt-launcher/qemu:/etc/libvirt/hooks/qemu:0755" \
+		--file "${tree}/cmd/virt-launcher/nsswitch.conf:/etc/nsswitch.conf:0644" \
+		--file "${conf}/virtqemud:/usr/sbin/virtqemud:0755" \
+		--entrypoint /usr/bin/virt-launcher
+	rm -rf "${conf}"
+}
+
+# The operator manifest as KubeVirt's release renders it: its templates,
+# filled by its own manifest-templator, naming our images.
+operator_manifest() {
+	local tree=${KUBEVIRT_TREE} out="${KUBEVIRT_OUT}/manifests" templator
+	templator="${KUBEVIRT_OUT}/tools/manifest-templator"
+	(cd "${tree}" && go build -o "${templator}" ./tools/manifest-templator)
+	mkdir -p "${out}"
+	"${templator}" --process-files --generated-manifests-dir="${tree}/manifests/generated/" \
+		--input-file="${tree}/manifests/release/kubevirt-operator.yaml.in" >"${out}/kubevirt-operator.yaml.in"
+	"${templator}" --process-vars --input-file="${out}/kubevirt-operator.yaml.in" \
+		--namespace=kubevirt --container-prefix="${IMAGE_REGISTRY}" --container-tag="${IMAGE_TAG}" \
+		--image-pull-policy=IfNotPresent --verbosity=2 --kubevirt-logo-path="${tree}/assets/kubevirt_logo.png" \
+		>"${out}/kubevirt-operator.yaml"
+	rm "${out}/kubevirt-operator.yaml.in"
+	echo "${out}/kubevirt-operator.yaml"
+}
+
+main() {
+	kubevirt_images
+	operator_manifest
+}
+
+main "$@"
