@@ -107,7 +107,8 @@ kubevirt_images() {
 		virt-launcher-monitor virt-probe virt-tail virt-freezer; do
 		[[ -x ${KUBEVIRT_BIN}/${bin} ]] || die "no ${KUBEVIRT_BIN}/${bin}: run make kubevirt"
 	done
-	[[ -x ${OCI_IMAGE} && -x ${CONTAINER_DISK} ]] || die "no ${OCI_IMAGE} or ${CONTAINER_DISK}: run make build"
+	[[ -x ${CONTAINER_DISK} ]] || die "no ${CONTAINER_DISK}: run make build"
+	(cd "${QCOW2_ROOT}" && go build -o "${OCI_IMAGE}" ./cmd/oci-image)
 	base=$(node_base)
 	mkdir -p "${IMAGES}"
 	# What the Go components' images hold besides the binary and its
@@ -153,6 +154,7 @@ SH
 		--file "${tree}/cmd/virt-launcher/qemu:/etc/libvirt/hooks/qemu:0755" \
 		--file "${tree}/cmd/virt-launcher/nsswitch.conf:/etc/nsswitch.conf:0644" \
 		--file "${conf}/virtqemud:/usr/sbin/virtqemud:0755" \
+		--cap /usr/bin/virt-launcher-monitor=cap_net_bind_service \
 		--entrypoint /usr/bin/virt-launcher
 	rm -rf "${conf}"
 }

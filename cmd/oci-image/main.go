@@ -27,6 +27,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/ociimage"
 )
@@ -71,9 +72,10 @@ func build(args []string) error {
 	entrypoint := fs.String("entrypoint", "", "entrypoint, words separated by spaces (default: the base's)")
 	user := fs.String("user", "", "user the image runs as (default: the base's)")
 	tree := fs.String("tree", "", "a directory whose whole content, owned by root, is a layer under the files")
-	var files, elfs, envs, labels listFlag
+	var files, elfs, envs, labels, caps listFlag
 	fs.Var(&files, "file", "SOURCE:IMAGE-PATH[:OCTAL-MODE[:UID:GID]], repeatable")
 	fs.Var(&elfs, "elf", "SOURCE:IMAGE-PATH[:OCTAL-MODE]: a binary with the shared libraries it loads here, repeatable")
+	fs.Var(&caps, "cap", "IMAGE-PATH=CAPABILITY: a file capability of a --file, e.g. cap_net_bind_service, repeatable")
 	fs.Var(&envs, "env", "NAME=VALUE, repeatable")
 	fs.Var(&labels, "label", "KEY=VALUE, repeatable")
 	if err := fs.Parse(args); err != nil {
@@ -110,6 +112,11 @@ func build(args []string) error {
 			return fmt.Errorf("--elf %q: %w", f, err)
 		}
 		spec.Files = append(spec.Files, withLibs...)
+	}
+	for _, c := range caps {
+		if err := addCapability(spec.Files, c); err != nil {
+			return fmt.Errorf("--cap %q: %w", c, err)
+		}
 	}
 	for _, l := range labels {
 		k, v, ok := strings.Cut(l, "=")
@@ -155,6 +162,27 @@ func build(args []string) error {
 		fmt.Printf("  push: go run ./cmd/oci-image push %s %s\n", *out, *ref)
 	}
 	return nil
+}
+
+// Capabilities --cap knows by name: those KubeVirt's images set.
+var capabilities = map[string]int{"cap_net_bind_service": unix.CAP_NET_BIND_SERVICE}
+
+func addCapability(files []ociimage.File, s string) error {
+	path, name, ok := strings.Cut(s, "=")
+	if !ok {
+		return fmt.Errorf("want IMAGE-PATH=CAPABILITY")
+	}
+	c, ok := capabilities[strings.ToLower(name)]
+	if !ok {
+		return fmt.Errorf("unknown capability %q", name)
+	}
+	for i := range files {
+		if files[i].Path == path {
+			files[i].Capabilities = append(files[i].Capabilities, c)
+			return nil
+		}
+	}
+	return fmt.Errorf("no --file at %s", path)
 }
 
 // parseFile reads SOURCE:IMAGE-PATH[:MODE[:UID:GID]]; owners only when

@@ -9,6 +9,7 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"io/fs"
@@ -37,6 +38,10 @@ type File struct {
 	Mode os.FileMode
 	// UID and GID own the file in the image.
 	UID, GID int
+	// Capabilities are file capabilities (permitted and effective), by
+	// number (unix.CAP_*), written as the security.capability extended
+	// attribute: what a non-root process gains by running the file.
+	Capabilities []int
 }
 
 // Spec describes an image.
@@ -268,6 +273,13 @@ func tarFiles(files []File, lower map[string]*tar.Header, mtime time.Time) ([]by
 		}
 		hdr.Typeflag, hdr.Mode, hdr.Size = tar.TypeReg, int64(mode.Perm()), int64(len(data))
 		hdr.Uid, hdr.Gid = e.file.UID, e.file.GID
+		if len(e.file.Capabilities) > 0 {
+			xattr, err := capabilityXattr(e.file.Capabilities)
+			if err != nil {
+				return nil, fmt.Errorf("image file %s: %w", e.file.Path, err)
+			}
+			hdr.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": xattr}
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, err
 		}
@@ -339,6 +351,26 @@ func tarTree(dir string, mtime time.Time) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// capabilityXattr encodes file capabilities as the kernel reads them from
+// security.capability: struct vfs_cap_data, revision 2, effective flag set,
+// permitted sets of two 32-bit words, inheritable sets empty.
+func capabilityXattr(caps []int) (string, error) {
+	var permitted [2]uint32
+	for _, c := range caps {
+		if c < 0 || c >= 64 {
+			return "", fmt.Errorf("capability %d out of range", c)
+		}
+		permitted[c/32] |= 1 << (c % 32)
+	}
+	const revision2, effective = 0x02000000, 0x000001
+	b := binary.LittleEndian.AppendUint32(nil, revision2|effective)
+	for _, p := range permitted {
+		b = binary.LittleEndian.AppendUint32(b, p)
+		b = binary.LittleEndian.AppendUint32(b, 0)
+	}
+	return string(b), nil
 }
 
 func kind(h *tar.Header) string {

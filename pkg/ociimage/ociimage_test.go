@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -173,6 +174,30 @@ var _ = Describe("Build with a tree", func() {
 		again, err := ociimage.Build(ociimage.Spec{Tree: tree, Files: []ociimage.File{{Path: "/usr/bin/extra", Source: bin, Mode: 0o555}}})
 		Expect(err).ToNot(HaveOccurred())
 		Expect(digestOf(again)).To(Equal(digestOf(img)))
+	})
+
+	It("gives a file the capabilities asked for, as the kernel reads them", func() {
+		bin := filepath.Join(GinkgoT().TempDir(), "monitor")
+		Expect(os.WriteFile(bin, []byte("monitor"), 0o755)).To(Succeed())
+		img, err := ociimage.Build(ociimage.Spec{Files: []ociimage.File{
+			{Path: "/usr/bin/monitor", Source: bin, Mode: 0o555, Capabilities: []int{10}},
+		}})
+		Expect(err).ToNot(HaveOccurred())
+		rc := mutate.Extract(img)
+		defer rc.Close()
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			Expect(err).ToNot(HaveOccurred(), "no usr/bin/monitor in the image")
+			if h.Name != "usr/bin/monitor" {
+				continue
+			}
+			// vfs_cap_data revision 2 with the effective flag; permitted
+			// holds bit 10 (CAP_NET_BIND_SERVICE); inheritable empty.
+			Expect([]byte(h.PAXRecords["SCHILY.xattr.security.capability"])).To(Equal([]byte{
+				0x01, 0, 0, 0x02, 0, 0x04, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}))
+			return
+		}
 	})
 
 	It("refuses a special file in the tree, naming it", func() {

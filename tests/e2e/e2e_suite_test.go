@@ -1,0 +1,151 @@
+// Package e2e_test drives the patched KubeVirt on the one-node cluster of
+// hack/cluster.sh the way users do: VMs applied with kubectl, volumes added
+// with virtctl, state read back through the API and, where only the node
+// can tell, from the node's files. The suite starts the cluster and
+// installs KubeVirt when none runs (and stops it afterwards), or reuses the
+// one `make cluster` started. When a spec fails, what a maintainer would ask
+// for lands in _out/e2e-artifacts/<spec>/: objects, events, descriptions,
+// pod logs and the node's component logs.
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+func TestE2E(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "one-node KubeVirt e2e Suite")
+}
+
+var (
+	clusterScript = filepath.Join(framework.RepoRoot(), "hack", "cluster.sh")
+	clusterDir    = filepath.Join(framework.OutDir(), "cluster")
+	kubeconfig    = filepath.Join(clusterDir, "kubeconfig")
+	virtctlBin    = filepath.Join(framework.OutDir(), "kubevirt-v1.7.0", "bin", "virtctl")
+	artifactsDir  = filepath.Join(framework.OutDir(), "e2e-artifacts")
+	kubectlBin    string
+)
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	if os.Geteuid() != 0 {
+		framework.Require(fmt.Errorf("needs root"), "the one-node cluster")
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(framework.RepoRoot(), "hack", "kubernetes.sh"), "kubectl").Output()
+	framework.Require(err, "kubectl (hack/kubernetes.sh)")
+	kubectlBin = filepath.Join(strings.TrimSpace(string(out)), "kubectl")
+
+	if exec.CommandContext(ctx, clusterScript, "status").Run() == nil && kubevirtAvailable(ctx) {
+		GinkgoWriter.Println("reusing the running cluster")
+		return
+	}
+	start := time.Now()
+	framework.Require(run(ctx, clusterScript, "up"), "the one-node cluster (hack/cluster.sh up)")
+	if os.Getenv("E2E_KEEP_CLUSTER") == "" {
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(run(ctx, clusterScript, "down")).To(Succeed())
+		}, NodeTimeout(2*time.Minute))
+	}
+	GinkgoWriter.Printf("cluster up in %s\n", time.Since(start).Round(time.Second))
+	start = time.Now()
+	framework.Require(run(ctx, clusterScript, "kubevirt"), "KubeVirt on the one-node cluster (hack/cluster.sh kubevirt)")
+	GinkgoWriter.Printf("KubeVirt Available in %s\n", time.Since(start).Round(time.Second))
+}, NodeTimeout(20*time.Minute))
+
+func kubevirtAvailable(ctx context.Context) bool {
+	out, err := kubectl(ctx, "-n", "kubevirt", "get", "kubevirt", "kubevirt",
+		"-o", `jsonpath={.status.conditions[?(@.type=="Available")].status}`)
+	return err == nil && out == "True"
+}
+
+// run runs a command with its output in the spec's log.
+func run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = GinkgoWriter, GinkgoWriter
+	return cmd.Run()
+}
+
+// kubectl runs kubectl against the cluster and returns its trimmed output;
+// the error carries stderr.
+func kubectl(ctx context.Context, args ...string) (string, error) {
+	return kubectlIn(ctx, "", args...)
+}
+
+func kubectlIn(ctx context.Context, stdin string, args ...string) (string, error) {
+	return command(ctx, stdin, kubectlBin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+}
+
+func virtctl(ctx context.Context, args ...string) (string, error) {
+	return command(ctx, "", virtctlBin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+}
+
+func command(ctx context.Context, stdin, name string, args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return strings.TrimSpace(stdout.String()), fmt.Errorf("%s %s: %w: %s",
+			filepath.Base(name), strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(stdout.String()), nil
+}
+
+// apply creates or updates objects from YAML.
+func apply(ctx context.Context, yaml string) error {
+	_, err := kubectlIn(ctx, yaml, "apply", "-f", "-")
+	return err
+}
+
+// inNode runs a command inside the node's namespaces (files under
+// /var/lib/kubelet exist only there).
+func inNode(ctx context.Context, args ...string) (string, error) {
+	return command(ctx, "", clusterScript, append([]string{"exec"}, args...)...)
+}
+
+var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+// Artifacts of a failed spec: everything in its namespaces and the node's
+// logs.
+var _ = ReportAfterEach(func(ctx SpecContext, report SpecReport) {
+	if !report.Failed() || kubectlBin == "" {
+		return
+	}
+	dir := filepath.Join(artifactsDir, unsafeName.ReplaceAllString(report.FullText(), "_"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return
+	}
+	save := func(name string, args ...string) {
+		out, err := kubectl(ctx, args...)
+		if err != nil {
+			out += "\n" + err.Error()
+		}
+		_ = os.WriteFile(filepath.Join(dir, name), []byte(out+"\n"), 0o644)
+	}
+	save("objects.txt", "get", "vm,vmi,pods,pvc,pv,events", "-A", "-o", "wide")
+	save("events.txt", "get", "events", "-A", "--sort-by=.lastTimestamp")
+	save("describe-vmi.txt", "describe", "vmi", "-A")
+	save("describe-pods.txt", "describe", "pods", "-A")
+	save("kubevirt.yaml", "-n", "kubevirt", "get", "kubevirt", "-o", "yaml")
+	pods, _ := kubectl(ctx, "get", "pods", "-A", "-o",
+		`jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}{"\n"}{end}`)
+	for _, p := range strings.Fields(pods) {
+		ns, name, _ := strings.Cut(p, "/")
+		save("logs-"+ns+"-"+name+".txt", "-n", ns, "logs", name, "--all-containers", "--prefix", "--tail=2000")
+	}
+	_ = exec.CommandContext(ctx, "cp", "-r", filepath.Join(clusterDir, "logs"), filepath.Join(dir, "node-logs")).Run()
+	GinkgoWriter.Printf("artifacts in %s\n", dir)
+}, NodeTimeout(2*time.Minute))

@@ -1,0 +1,92 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+// namespace holds every object the specs create.
+const namespace = "e2e"
+
+const nodeName = "kubevirt-qcow2-node"
+
+// guestParams is what the golden image's test guest writes: 1 MiB after
+// its boot sector, then DONE on the serial console.
+var guestParams = framework.GuestParams{StartLBA: 2048, Sectors: 2048, ProgressEvery: 4, Seed: 0x5eed}
+
+const goldenSize = 64 << 20
+
+// volumesDir holds the static local volumes' files and directories; it lies
+// under the cluster's directory, so `hack/cluster.sh down` releases the
+// loop devices made from it.
+var volumesDir = filepath.Join(clusterDir, "volumes")
+
+// localClaim makes a static local PersistentVolume for path on the node and
+// a claim bound to it, as an administrator without a provisioner would.
+func localClaim(ctx context.Context, name, path, volumeMode, accessMode string, size int64) {
+	Expect(apply(ctx, fmt.Sprintf(`
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: %[1]s, labels: {e2e: "true"}}
+spec:
+  capacity: {storage: "%[4]d"}
+  accessModes: [%[5]s]
+  volumeMode: %[3]s
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  local: {path: %[2]s}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [%[6]s]}]
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: %[1]s, namespace: %[7]s}
+spec:
+  accessModes: [%[5]s]
+  volumeMode: %[3]s
+  storageClassName: ""
+  volumeName: %[1]s
+  resources: {requests: {storage: "%[4]d"}}
+`, name, path, volumeMode, size, accessMode, nodeName, namespace))).To(Succeed())
+}
+
+// goldenFilesystem makes the golden image as disk.img on a Filesystem
+// claim and returns the image's path on this machine.
+func goldenFilesystem(ctx context.Context, name string) string {
+	dir := filepath.Join(volumesDir, name)
+	Expect(os.RemoveAll(dir)).To(Succeed())
+	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
+	image := filepath.Join(dir, "disk.img")
+	Expect(framework.CreateBootDisk(ctx, image, goldenSize, guestParams)).To(Succeed())
+	localClaim(ctx, name, dir, "Filesystem", "ReadOnlyMany", goldenSize)
+	return image
+}
+
+// emptyFilesystemClaim is a claim on an empty directory.
+func emptyFilesystemClaim(ctx context.Context, name string, size int64) string {
+	dir := filepath.Join(volumesDir, name)
+	Expect(os.RemoveAll(dir)).To(Succeed())
+	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
+	localClaim(ctx, name, dir, "Filesystem", "ReadWriteOnce", size)
+	return dir
+}
+
+// blockClaim is a Block-mode claim on a loop device over a new sparse file
+// of size bytes; it returns the device.
+func blockClaim(ctx context.Context, name string, size int64) string {
+	Expect(os.MkdirAll(volumesDir, 0o755)).To(Succeed())
+	file := filepath.Join(volumesDir, name+".img")
+	Expect(os.RemoveAll(file)).To(Succeed())
+	dev, err := framework.CreateLoopFile(ctx, file, size)
+	Expect(err).ToNot(HaveOccurred())
+	localClaim(ctx, name, dev, "Block", "ReadWriteOnce", size)
+	return dev
+}

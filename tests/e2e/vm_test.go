@@ -1,0 +1,114 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+// Guests run under TCG where the node has no KVM: generous timeouts.
+const (
+	startTimeout = 5 * time.Minute
+	guestTimeout = 5 * time.Minute
+)
+
+// vmYAML is a VirtualMachine booting the test guest from its one disk,
+// rootdisk, whose volume source is given as YAML (indented for the
+// volume's list entry). No network: the guest has none. The CPU leaves
+// out arch-capabilities: on nested hosts whose KVM cannot set that MSR
+// (kvm-pvm), QEMU aborts with "failed to set MSR 0x10a" otherwise; the
+// test guest never reads it.
+func vmYAML(name, runStrategy, volumeSource string) string {
+	return fmt.Sprintf(`
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: %s, namespace: %s}
+spec:
+  runStrategy: %s
+  template:
+    spec:
+      terminationGracePeriodSeconds: 0
+      domain:
+        cpu: {features: [{name: arch-capabilities, policy: disable}]}
+        resources: {requests: {memory: 64Mi}}
+        devices:
+          autoattachPodInterface: false
+          autoattachGraphicsDevice: false
+          disks:
+          - name: rootdisk
+            disk: {bus: virtio}
+      volumes:
+      - name: rootdisk
+%s
+`, name, namespace, runStrategy, indent(volumeSource, "        "))
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i := range lines {
+		lines[i] = prefix + lines[i]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitVMIReady waits until the VM's VMI is Running and Ready.
+func waitVMIReady(ctx context.Context, name string) {
+	Eventually(func(g Gomega) {
+		out, err := kubectl(ctx, "-n", namespace, "get", "vmi", name, "-o",
+			`jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].status}`)
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(out).To(Equal("Running True"))
+	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
+}
+
+// launcherPod is the name of the VM's running virt-launcher pod.
+func launcherPod(ctx context.Context, vm string) string {
+	out, err := kubectl(ctx, "-n", namespace, "get", "pods", "-l", "vm.kubevirt.io/name="+vm,
+		"--field-selector=status.phase=Running", "-o", "jsonpath={.items[*].metadata.name}")
+	Expect(err).ToNot(HaveOccurred())
+	pods := strings.Fields(out)
+	Expect(pods).To(HaveLen(1), "virt-launcher pods of %s", vm)
+	return pods[0]
+}
+
+// waitGuestDone waits for the test guest's DONE on the serial console, as
+// KubeVirt's guest-console-log container shows it.
+func waitGuestDone(ctx context.Context, vm string) framework.GuestStatus {
+	pod := launcherPod(ctx, vm)
+	var status framework.GuestStatus
+	Eventually(func(g Gomega) {
+		out, err := kubectl(ctx, "-n", namespace, "logs", pod, "-c", "guest-console-log")
+		g.Expect(err).ToNot(HaveOccurred())
+		status = framework.ParseGuestStatus(out)
+		g.Expect(status.Finished()).To(BeTrue(), "guest serial so far: %q", out)
+	}).WithContext(ctx).WithTimeout(guestTimeout).WithPolling(2 * time.Second).Should(Succeed())
+	Expect(status.Failed).To(BeFalse(), "the guest reported INT 13h error %#x", status.Err)
+	return status
+}
+
+// deleteVM deletes the VM and waits until its VMI and pods are gone.
+func deleteVM(ctx context.Context, name string) {
+	_, err := kubectl(ctx, "-n", namespace, "delete", "vm", name, "--ignore-not-found", "--wait=true", "--timeout=3m")
+	Expect(err).ToNot(HaveOccurred())
+	Eventually(func(g Gomega) {
+		out, err := kubectl(ctx, "-n", namespace, "get", "vmi,pods", "-l", "vm.kubevirt.io/name="+name, "-o", "name")
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(out).To(BeEmpty())
+		out, err = kubectl(ctx, "-n", namespace, "get", "vmi", name, "--ignore-not-found", "-o", "name")
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(out).To(BeEmpty())
+	}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+}
+
+var _ = BeforeEach(func(ctx SpecContext) {
+	_, err := kubectl(ctx, "create", "namespace", namespace)
+	if err != nil && !strings.Contains(err.Error(), "AlreadyExists") {
+		Fail(err.Error())
+	}
+})
