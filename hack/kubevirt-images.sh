@@ -98,7 +98,7 @@ image() {
 	shift
 	"${OCI_IMAGE}" --out "${IMAGES}/${name}" --archive "${IMAGES}/${name}.tar" \
 		--ref "${IMAGE_REGISTRY}/${name}:${IMAGE_TAG}" --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-		"$@" | head -1
+		"$@" | sed -n 1p
 }
 
 kubevirt_images() {

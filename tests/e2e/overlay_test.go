@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -85,6 +87,10 @@ overlay:
 			Expect(status.Written).To(Equal(guestParams.Sectors))
 			pod := launcherPod(ctx, vm)
 			uids[vm] = podUID(ctx, pod)
+			// KubeVirt's default: the launcher runs as qemu (107), and the
+			// overlay it made is its own.
+			Expect(kubectl(ctx, "-n", namespace, "exec", pod, "-c", "compute", "--", "id", "-u")).To(Equal("107"))
+			Expect(kubectl(ctx, "-n", namespace, "exec", pod, "-c", "compute", "--", "stat", "-c", "%u", ephemeralOverlay)).To(Equal("107"))
 			// Every byte the guest wrote is in its own overlay.
 			Expect(allocatedInTop(ctx, pod, ephemeralOverlay)).To(Equal(int64(guestParams.Sectors) * framework.SectorSize))
 		}
@@ -97,4 +103,136 @@ overlay:
 		}
 		Expect(framework.SHA256(golden)).To(Equal(goldenSHA))
 	})
+
+	// The next boot's guest writes elsewhere, so data from both boots in
+	// the target shows that the second boot ran on the first one's overlay.
+	secondBoot := framework.GuestParams{StartLBA: 8192, Sectors: 2048, ProgressEvery: 4, Seed: 11}
+
+	persistent := func(target string) string {
+		return fmt.Sprintf(`
+overlay:
+  backingPVC: {claimName: golden-fs}
+  backingFormat: raw
+  persistent: true
+  targetPVC: {claimName: %s}`, target)
+	}
+
+	DescribeTable("a persistent overlay keeps the guest's data across stop and start",
+		func(ctx SpecContext, vm string, targetOf func(ctx context.Context) string) {
+			target := targetOf(ctx)
+			Expect(apply(ctx, vmYAML(vm, "Always", persistent(vm+"-target")))).To(Succeed())
+			waitVMIReady(ctx, vm)
+			waitGuestDone(ctx, vm)
+			Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
+			waitVMIGone(ctx, vm)
+			Expect(framework.VerifyGuestWrites(ctx, framework.OverlayAlone(target), "", guestParams)).To(Succeed())
+
+			Expect(framework.WriteBootSector(ctx, framework.OverlayOver(target, golden, "raw"), "", secondBoot)).To(Succeed())
+			Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
+			waitVMIReady(ctx, vm)
+			waitGuestDone(ctx, vm)
+			Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
+			waitVMIGone(ctx, vm)
+			Expect(framework.VerifyGuestWrites(ctx, framework.OverlayAlone(target), "", guestParams)).To(Succeed())
+			Expect(framework.VerifyGuestWrites(ctx, framework.OverlayAlone(target), "", secondBoot)).To(Succeed())
+			Expect(framework.SHA256(golden)).To(Equal(goldenSHA))
+			deleteVM(ctx, vm)
+		},
+		Entry("on a Filesystem target claim", "persistent-fs", func(ctx context.Context) string {
+			return filepath.Join(emptyFilesystemClaim(ctx, "persistent-fs-target", goldenSize*2), "disk.qcow2")
+		}, SpecTimeout(15*time.Minute)),
+		Entry("on a Block-mode target claim", "persistent-block", func(ctx context.Context) string {
+			return blockClaim(ctx, "persistent-block-target", goldenSize+16<<20)
+		}, SpecTimeout(15*time.Minute)),
+	)
+
+	It("refuses to start on a changed backing, says why, and leaves the overlay alone", func(ctx SpecContext) {
+		vm := "changed-backing"
+		image := goldenFilesystem(ctx, "golden-changing")
+		target := filepath.Join(emptyFilesystemClaim(ctx, vm+"-target", goldenSize*2), "disk.qcow2")
+		Expect(apply(ctx, vmYAML(vm, "Always", strings.ReplaceAll(persistent(vm+"-target"), "golden-fs", "golden-changing")))).To(Succeed())
+		waitVMIReady(ctx, vm)
+		waitGuestDone(ctx, vm)
+		Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
+		waitVMIGone(ctx, vm)
+		overlaySHA, err := framework.SHA256(target)
+		Expect(err).ToNot(HaveOccurred())
+
+		// The golden image grows by 1 MiB behind the overlay's back.
+		Expect(os.Truncate(image, goldenSize+1<<20)).To(Succeed())
+		Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
+		Eventually(func(g Gomega) {
+			out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o",
+				`jsonpath={.status.conditions[?(@.type=="Synchronized")].message}`)
+			g.Expect(err).ToNot(HaveOccurred())
+			g.Expect(out).To(ContainSubstring("changed since the overlay was created"))
+		}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
+		events, err := kubectl(ctx, "-n", namespace, "get", "events", "--field-selector",
+			"involvedObject.kind=VirtualMachineInstance,involvedObject.name="+vm+",reason=SyncFailed", "-o", "jsonpath={.items[*].message}")
+		Expect(err).ToNot(HaveOccurred())
+		Expect(events).To(ContainSubstring("refusing to start"))
+		Expect(framework.SHA256(target)).To(Equal(overlaySHA), "the overlay was touched")
+		deleteVM(ctx, vm)
+		Expect(framework.SHA256(target)).To(Equal(overlaySHA))
+	}, SpecTimeout(15*time.Minute))
+
+	DescribeTable("the running virt-api refuses bad overlays, naming the field",
+		func(ctx SpecContext, overlay, field, message string) {
+			_, err := kubectlIn(ctx, vmYAML("refused", "Halted", overlay), "create", "--dry-run=server", "-f", "-")
+			Expect(err).To(MatchError(And(ContainSubstring(field), ContainSubstring(message))))
+		},
+		Entry("no backing", "overlay: {backingFormat: raw}",
+			"spec.template.spec.volumes[0].overlay", "must have one of backingPVC or backingHostPath set"),
+		Entry("persistent without a target", "overlay: {backingPVC: {claimName: golden-fs}, persistent: true}",
+			"spec.template.spec.volumes[0].overlay.persistent", "requires targetPVC or targetHostPath"),
+		Entry("an unknown backingFormat", "overlay: {backingPVC: {claimName: golden-fs}, backingFormat: vmdk}",
+			"spec.template.spec.volumes[0].overlay.backingFormat", "allowed are 'raw' or 'qcow2'"),
+		Entry("a host path the cluster does not allow", "overlay: {backingHostPath: {path: /etc/shadow}}",
+			"spec.template.spec.volumes[0].overlay.backingHostPath", "HostDisk"),
+	)
+
+	It("refuses overlays while the OverlayVolumes gate is off", func(ctx SpecContext) {
+		gates, err := kubectl(ctx, "-n", "kubevirt", "get", "kubevirt", "kubevirt", "-o",
+			"jsonpath={.spec.configuration.developerConfiguration.featureGates}")
+		Expect(err).ToNot(HaveOccurred())
+		setGates := func(ctx context.Context, g string) {
+			_, err := kubectl(ctx, "-n", "kubevirt", "patch", "kubevirt", "kubevirt", "--type", "merge", "-p",
+				`{"spec":{"configuration":{"developerConfiguration":{"featureGates":`+g+`}}}}`)
+			Expect(err).ToNot(HaveOccurred())
+		}
+		DeferCleanup(func(ctx SpecContext) {
+			setGates(ctx, gates)
+			Eventually(func() error {
+				_, err := kubectlIn(ctx, vmYAML("accepted", "Halted", ephemeral), "create", "--dry-run=server", "-f", "-")
+				return err
+			}).WithContext(ctx).WithTimeout(2 * time.Minute).Should(Succeed())
+		})
+		setGates(ctx, strings.ReplaceAll(gates, `"OverlayVolumes",`, ""))
+		Eventually(func() error {
+			_, err := kubectlIn(ctx, vmYAML("refused", "Halted", ephemeral), "create", "--dry-run=server", "-f", "-")
+			return err
+		}).WithContext(ctx).WithTimeout(2 * time.Minute).Should(MatchError(ContainSubstring("OverlayVolumes")))
+	}, SpecTimeout(5*time.Minute))
+
+	It("keeps a VM running while virt-handler's pod is replaced, and stops it cleanly after", func(ctx SpecContext) {
+		vm := "handler-restart"
+		Expect(apply(ctx, vmYAML(vm, "Always", ephemeral))).To(Succeed())
+		waitVMIReady(ctx, vm)
+		waitGuestDone(ctx, vm)
+		pod := launcherPod(ctx, vm)
+		uid := podUID(ctx, pod)
+
+		Expect(kubectl(ctx, "-n", "kubevirt", "delete", "pod", "-l", "kubevirt.io=virt-handler", "--wait=true")).Error().ToNot(HaveOccurred())
+		Expect(kubectl(ctx, "-n", "kubevirt", "rollout", "status", "daemonset/virt-handler", "--timeout=5m")).Error().ToNot(HaveOccurred())
+		Consistently(func(g Gomega) {
+			out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o", "jsonpath={.status.phase}")
+			g.Expect(err).ToNot(HaveOccurred())
+			g.Expect(out).To(Equal("Running"))
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(3 * time.Second).Should(Succeed())
+		Expect(launcherPod(ctx, vm)).To(Equal(pod), "the VM's pod was replaced")
+
+		deleteVM(ctx, vm)
+		Eventually(func() string { return nodeLeftovers(ctx, uid) }).
+			WithContext(ctx).WithTimeout(2 * time.Minute).Should(BeEmpty())
+	}, SpecTimeout(15*time.Minute))
 })

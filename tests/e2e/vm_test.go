@@ -92,18 +92,23 @@ func waitGuestDone(ctx context.Context, vm string) framework.GuestStatus {
 	return status
 }
 
+// waitVMIGone waits until a stopped VM has no VMI and no pod.
+func waitVMIGone(ctx context.Context, vm string) {
+	Eventually(func(g Gomega) {
+		out, err := kubectl(ctx, "-n", namespace, "get", "vmi,pods", "-l", "vm.kubevirt.io/name="+vm, "-o", "name")
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(out).To(BeEmpty())
+		out, err = kubectl(ctx, "-n", namespace, "get", "vmi", vm, "--ignore-not-found", "-o", "name")
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(out).To(BeEmpty())
+	}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+}
+
 // deleteVM deletes the VM and waits until its VMI and pods are gone.
 func deleteVM(ctx context.Context, name string) {
 	_, err := kubectl(ctx, "-n", namespace, "delete", "vm", name, "--ignore-not-found", "--wait=true", "--timeout=3m")
 	Expect(err).ToNot(HaveOccurred())
-	Eventually(func(g Gomega) {
-		out, err := kubectl(ctx, "-n", namespace, "get", "vmi,pods", "-l", "vm.kubevirt.io/name="+name, "-o", "name")
-		g.Expect(err).ToNot(HaveOccurred())
-		g.Expect(out).To(BeEmpty())
-		out, err = kubectl(ctx, "-n", namespace, "get", "vmi", name, "--ignore-not-found", "-o", "name")
-		g.Expect(err).ToNot(HaveOccurred())
-		g.Expect(out).To(BeEmpty())
-	}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+	waitVMIGone(ctx, name)
 }
 
 var _ = BeforeEach(func(ctx SpecContext) {
