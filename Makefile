@@ -15,7 +15,7 @@ FUNCTIONAL_TIMEOUT ?= 60m
 # guest boots and writes about ten times faster under TCG: set "qemu" there.
 FUNCTIONAL_VIRT_TYPE ?=
 
-.PHONY: all deps build go-build images kubevirt test lint test-unit test-functional test-upstream bench bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug clean
+.PHONY: all deps build go-build images kubevirt test lint test-unit test-functional e2e test-upstream bench bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug bench-e2e clean
 
 all: deps build
 
@@ -83,7 +83,7 @@ kubevirt:
 	hack/kubevirt.sh apply
 	hack/kubevirt.sh build
 
-test: build lint test-unit test-functional test-upstream
+test: build lint test-unit test-functional e2e test-upstream
 
 # Formatting, vet and shellcheck: cheap, and first so they fail fast.
 lint:
@@ -99,7 +99,14 @@ test-unit:
 # loop devices; CI=true turns any skip into a failure.
 test-functional: $(BIN)/container-disk
 	KUBEBUILDER_ASSETS=$$(hack/envtest-assets.sh) FUNCTIONAL_VIRT_TYPE=$(FUNCTIONAL_VIRT_TYPE) \
-		$(GO) test -count=1 -p 1 -timeout $(FUNCTIONAL_TIMEOUT) -v ./tests/...
+		$(GO) test -count=1 -p 1 -timeout $(FUNCTIONAL_TIMEOUT) -v $$($(GO) list ./tests/... | grep -v /tests/e2e)
+
+# The end-to-end suite on a fresh one-node cluster with the patched
+# KubeVirt (docs/testing.md), stopped afterwards; artifacts of failed specs
+# in _out/e2e-artifacts. A cluster `make cluster` started is replaced.
+e2e: images
+	hack/cluster.sh down
+	$(GO) test -count=1 -timeout 40m -v ./tests/e2e
 
 # KubeVirt's own unit tests in every package the series touches, patched
 # against pristine.
@@ -109,7 +116,7 @@ test-upstream:
 # Benchmarks compare alternatives side by side in one run and print ratios;
 # they need root, like the functional suites, and ~36 GiB free in /tmp
 # (the overlay benchmark copies a 16 GiB golden image).
-bench: bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug
+bench: bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug bench-e2e
 
 bench-backup:
 	$(GO) test -tags bench -count=1 -timeout 40m -run 'TestBackupDataPath|TestChild' -v ./tests/backup/bench
@@ -123,6 +130,12 @@ bench-overlay:
 # Hotplug of a containerDisk on one node, against attaching a plain file.
 bench-hotplug: $(BIN)/container-disk
 	FUNCTIONAL_VIRT_TYPE=$(FUNCTIONAL_VIRT_TYPE) $(GO) test -tags bench -count=1 -timeout 40m -v ./tests/hotplug/bench
+
+# On the one-node cluster (started if none runs, stopped afterwards): time
+# from creating a VM to the guest's first serial line, overlay against a
+# plain disk and against copy-then-start.
+bench-e2e: images
+	$(GO) test -tags bench -count=1 -timeout 70m -v ./tests/e2e -ginkgo.label-filter=bench
 
 bench-hooks:
 	$(GO) test -tags bench -run '^$$' -bench OnDefineDomain -benchtime 1000x -timeout 30m ./tests/hooks/

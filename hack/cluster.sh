@@ -502,11 +502,11 @@ up() {
 install_kubevirt() {
 	local start=${SECONDS} manifest="${KUBEVIRT_OUT}/manifests/kubevirt-operator.yaml" c archives=()
 	[[ -n $(node_pid) ]] || die "no node runs: hack/cluster.sh up"
-	[[ -f ${manifest} ]] || die "no ${manifest}: run make images"
+	[[ -f ${manifest} ]] || kubevirt_failed "no ${manifest}: run make images"
 	for c in virt-operator virt-api virt-controller virt-handler virt-launcher; do
 		archives+=("${QCOW2_ROOT}/_out/images/${c}.tar")
 	done
-	import_archives "${archives[@]}" || die "cannot import KubeVirt's images: run make images"
+	import_archives "${archives[@]}" || kubevirt_failed "cannot import KubeVirt's images (make images builds them)"
 	log "images imported in $((SECONDS - start))s"
 	node_kubectl apply -f "${manifest}" >/dev/null
 	node_kubectl -n kubevirt rollout status deployment/virt-operator --timeout=300s ||
@@ -521,11 +521,18 @@ install_kubevirt() {
 	log "KubeVirt Available in $((SECONDS - start))s"
 }
 
+# A failed install keeps what explains it in the node's log directory, then
+# stops the node like a failed `up`.
 kubevirt_failed() {
+	local pod
 	log "error: $*"
 	node_kubectl -n kubevirt get kubevirt,pods -o wide >&2 || true
-	node_kubectl -n kubevirt get events --sort-by=.lastTimestamp >&2 || true
-	log "node logs: ${LOGS}; pod logs: hack/cluster.sh kubectl -n kubevirt logs POD"
+	node_kubectl -n kubevirt get events --sort-by=.lastTimestamp >"${LOGS}/kubevirt-events.log" 2>&1 || true
+	for pod in $(node_kubectl -n kubevirt get pods -o name 2>/dev/null); do
+		node_kubectl -n kubevirt logs "${pod}" --all-containers --prefix >"${LOGS}/kubevirt-${pod#pod/}.log" 2>&1 || true
+	done
+	log "logs: ${LOGS} (kubevirt-*.log: KubeVirt's pods and events; one log per node component)"
+	down
 	exit 1
 }
 

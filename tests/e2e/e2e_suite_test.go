@@ -59,10 +59,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 			Expect(run(ctx, clusterScript, "down")).To(Succeed())
 		}, NodeTimeout(2*time.Minute))
 	}
-	GinkgoWriter.Printf("cluster up in %s\n", time.Since(start).Round(time.Second))
+	fmt.Printf("cluster up in %s\n", time.Since(start).Round(time.Second))
 	start = time.Now()
 	framework.Require(run(ctx, clusterScript, "kubevirt"), "KubeVirt on the one-node cluster (hack/cluster.sh kubevirt)")
-	GinkgoWriter.Printf("KubeVirt Available in %s\n", time.Since(start).Round(time.Second))
+	fmt.Printf("KubeVirt Available in %s\n", time.Since(start).Round(time.Second))
 }, NodeTimeout(20*time.Minute))
 
 func kubevirtAvailable(ctx context.Context) bool {

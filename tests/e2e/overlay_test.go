@@ -99,7 +99,7 @@ overlay:
 		for _, vm := range vms {
 			deleteVM(ctx, vm)
 			Eventually(func() string { return nodeLeftovers(ctx, uids[vm]) }).
-				WithContext(ctx).WithTimeout(2 * time.Minute).Should(BeEmpty(), "the node still holds %s's pod", vm)
+				WithContext(ctx).WithTimeout(2*time.Minute).Should(BeEmpty(), "the node still holds %s's pod", vm)
 		}
 		Expect(framework.SHA256(golden)).To(Equal(goldenSHA))
 	})
@@ -146,35 +146,65 @@ overlay:
 		}, SpecTimeout(15*time.Minute)),
 	)
 
-	It("refuses to start on a changed backing, says why, and leaves the overlay alone", func(ctx SpecContext) {
-		vm := "changed-backing"
-		image := goldenFilesystem(ctx, "golden-changing")
-		target := filepath.Join(emptyFilesystemClaim(ctx, vm+"-target", goldenSize*2), "disk.qcow2")
-		Expect(apply(ctx, vmYAML(vm, "Always", strings.ReplaceAll(persistent(vm+"-target"), "golden-fs", "golden-changing")))).To(Succeed())
+	DescribeTable("refuses to start on a changed backing, says why, and leaves the overlay alone",
+		func(ctx SpecContext, vm string, targetOf func(ctx context.Context, name string) string) {
+			image := goldenFilesystem(ctx, vm+"-golden")
+			target := targetOf(ctx, vm+"-target")
+			source := fmt.Sprintf(`
+overlay:
+  backingPVC: {claimName: %s-golden}
+  backingFormat: raw
+  persistent: true
+  targetPVC: {claimName: %s-target}`, vm, vm)
+			Expect(apply(ctx, vmYAML(vm, "Always", source))).To(Succeed())
+			waitVMIReady(ctx, vm)
+			waitGuestDone(ctx, vm)
+			Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
+			waitVMIGone(ctx, vm)
+			overlaySHA, err := framework.SHA256(target)
+			Expect(err).ToNot(HaveOccurred())
+
+			// The golden image grows by 1 MiB behind the overlay's back.
+			Expect(os.Truncate(image, goldenSize+1<<20)).To(Succeed())
+			Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
+			Eventually(func(g Gomega) {
+				out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o",
+					`jsonpath={.status.conditions[?(@.type=="Synchronized")].message}`)
+				g.Expect(err).ToNot(HaveOccurred())
+				g.Expect(out).To(ContainSubstring("changed since the overlay was created"))
+			}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
+			events, err := kubectl(ctx, "-n", namespace, "get", "events", "--field-selector",
+				"involvedObject.kind=VirtualMachineInstance,involvedObject.name="+vm+",reason=SyncFailed", "-o", "jsonpath={.items[*].message}")
+			Expect(err).ToNot(HaveOccurred())
+			Expect(events).To(ContainSubstring("refusing to start"))
+			Expect(framework.SHA256(target)).To(Equal(overlaySHA), "the overlay was touched")
+			deleteVM(ctx, vm)
+			Expect(framework.SHA256(target)).To(Equal(overlaySHA))
+		},
+		Entry("on a Filesystem target claim", "changed-fs", func(ctx context.Context, name string) string {
+			return filepath.Join(emptyFilesystemClaim(ctx, name, goldenSize*2), "disk.qcow2")
+		}, SpecTimeout(15*time.Minute)),
+		Entry("on a Block-mode target claim", "changed-block", func(ctx context.Context, name string) string {
+			return blockClaim(ctx, name, goldenSize+16<<20)
+		}, SpecTimeout(15*time.Minute)),
+	)
+
+	It("boots a VM from an ephemeral overlay over a Block-mode golden claim", func(ctx SpecContext) {
+		vm := "block-golden"
+		dev := blockClaim(ctx, vm, goldenSize)
+		Expect(framework.WriteBootSector(ctx, dev, "raw", guestParams)).To(Succeed())
+		before, err := framework.SHA256(dev)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(apply(ctx, vmYAML(vm, "Always", `
+overlay:
+  backingPVC: {claimName: block-golden}
+  backingFormat: raw`))).To(Succeed())
 		waitVMIReady(ctx, vm)
 		waitGuestDone(ctx, vm)
-		Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
-		waitVMIGone(ctx, vm)
-		overlaySHA, err := framework.SHA256(target)
-		Expect(err).ToNot(HaveOccurred())
-
-		// The golden image grows by 1 MiB behind the overlay's back.
-		Expect(os.Truncate(image, goldenSize+1<<20)).To(Succeed())
-		Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
-		Eventually(func(g Gomega) {
-			out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o",
-				`jsonpath={.status.conditions[?(@.type=="Synchronized")].message}`)
-			g.Expect(err).ToNot(HaveOccurred())
-			g.Expect(out).To(ContainSubstring("changed since the overlay was created"))
-		}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
-		events, err := kubectl(ctx, "-n", namespace, "get", "events", "--field-selector",
-			"involvedObject.kind=VirtualMachineInstance,involvedObject.name="+vm+",reason=SyncFailed", "-o", "jsonpath={.items[*].message}")
-		Expect(err).ToNot(HaveOccurred())
-		Expect(events).To(ContainSubstring("refusing to start"))
-		Expect(framework.SHA256(target)).To(Equal(overlaySHA), "the overlay was touched")
+		Expect(allocatedInTop(ctx, launcherPod(ctx, vm), ephemeralOverlay)).To(Equal(int64(guestParams.Sectors) * framework.SectorSize))
 		deleteVM(ctx, vm)
-		Expect(framework.SHA256(target)).To(Equal(overlaySHA))
-	}, SpecTimeout(15*time.Minute))
+		Expect(framework.SHA256(dev)).To(Equal(before), "the golden device changed")
+	}, SpecTimeout(10*time.Minute))
 
 	DescribeTable("the running virt-api refuses bad overlays, naming the field",
 		func(ctx SpecContext, overlay, field, message string) {

@@ -1,0 +1,131 @@
+//go:build bench
+
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+// The benchmark of `make bench-e2e`: how long from creating a VM to the
+// guest's first serial line, with its root disk
+//   - an ephemeral overlay over the golden claim,
+//   - the golden image as a plain disk on a claim of its own (a copy made
+//     beforehand, as a user without overlays keeps one per VM),
+//   - a full copy of the golden image made first, then started (copy in
+//     the time).
+// The kinds take turns, so load on the machine falls on all alike.
+
+const (
+	benchRuns       = 10
+	benchGoldenSize = 1 << 30
+	// How often the serial log is read: the resolution of every sample.
+	benchPoll = 200 * time.Millisecond
+)
+
+var _ = Describe("start to first serial line", Label("bench"), Ordered, func() {
+	var golden string
+
+	BeforeAll(func(ctx SpecContext) {
+		// A golden image full of data, as a real one is: a copy moves
+		// every byte.
+		dir := filepath.Join(volumesDir, "bench-golden")
+		Expect(os.RemoveAll(dir)).To(Succeed())
+		Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
+		golden = filepath.Join(dir, "disk.img")
+		Expect(exec.CommandContext(ctx, "dd", "if=/dev/urandom", "of="+golden, "bs=4M",
+			fmt.Sprintf("count=%d", benchGoldenSize>>22), "status=none").Run()).To(Succeed())
+		Expect(framework.WriteBootSector(ctx, golden, "raw", guestParams)).To(Succeed())
+		localClaim(ctx, "bench-golden", dir, "Filesystem", "ReadOnlyMany", benchGoldenSize)
+	})
+
+	It("compares an overlay VM with a plain-disk VM and with copy-then-start", func(ctx SpecContext) {
+		samples := map[string][]time.Duration{}
+		for run := range benchRuns {
+			copyName := fmt.Sprintf("bench-copy-%d", run)
+			copyDir := copyGolden(ctx, golden, copyName)
+			localClaim(ctx, copyName, copyDir, "Filesystem", "ReadWriteOnce", benchGoldenSize)
+
+			samples["overlay"] = append(samples["overlay"], timeToSerial(ctx, "bench-overlay", `
+overlay:
+  backingPVC: {claimName: bench-golden}
+  backingFormat: raw`, nil))
+			samples["plain disk"] = append(samples["plain disk"], timeToSerial(ctx, "bench-plain",
+				"persistentVolumeClaim: {claimName: "+copyName+"}", nil))
+
+			fullName := fmt.Sprintf("bench-full-%d", run)
+			samples["copy, then start"] = append(samples["copy, then start"], timeToSerial(ctx, "bench-full",
+				"persistentVolumeClaim: {claimName: "+fullName+"}", func() {
+					dir := copyGolden(ctx, golden, fullName)
+					localClaim(ctx, fullName, dir, "Filesystem", "ReadWriteOnce", benchGoldenSize)
+				}))
+			for _, name := range []string{copyName, fullName} {
+				Expect(kubectl(ctx, "-n", namespace, "delete", "pvc", name, "--wait=false")).Error().ToNot(HaveOccurred())
+				Expect(kubectl(ctx, "delete", "pv", name, "--wait=false")).Error().ToNot(HaveOccurred())
+				Expect(os.RemoveAll(filepath.Join(volumesDir, name))).To(Succeed())
+			}
+		}
+		plain := percentile(samples["plain disk"], 50)
+		fmt.Printf("\ncreate VM to first serial line, %d runs each, golden image %d MiB, serial read every %s\n",
+			benchRuns, benchGoldenSize>>20, benchPoll)
+		fmt.Printf("%-18s %10s %10s %16s\n", "root disk", "p50", "p99", "p50 / plain disk")
+		for _, kind := range []string{"plain disk", "overlay", "copy, then start"} {
+			p50, p99 := percentile(samples[kind], 50), percentile(samples[kind], 99)
+			fmt.Printf("%-18s %10s %10s %15.2fx\n", kind, p50.Round(time.Millisecond), p99.Round(time.Millisecond),
+				float64(p50)/float64(plain))
+		}
+	}, SpecTimeout(60*time.Minute))
+})
+
+// copyGolden copies the golden image into a new directory of its own, as a
+// user without overlays gives each VM its disk.
+func copyGolden(ctx context.Context, golden, name string) string {
+	dir := filepath.Join(volumesDir, name)
+	Expect(os.RemoveAll(dir)).To(Succeed())
+	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
+	Expect(exec.CommandContext(ctx, "cp", "--sparse=always", golden, filepath.Join(dir, "disk.img")).Run()).To(Succeed())
+	Expect(os.Chmod(filepath.Join(dir, "disk.img"), 0o666)).To(Succeed())
+	return dir
+}
+
+// timeToSerial creates a VM running the guest from the given root volume,
+// after prepare (timed too) when given, and returns the time until the
+// guest's first serial line; the VM is deleted afterwards.
+func timeToSerial(ctx context.Context, vm, volumeSource string, prepare func()) time.Duration {
+	start := time.Now()
+	if prepare != nil {
+		prepare()
+	}
+	Expect(apply(ctx, vmYAML(vm, "Always", volumeSource))).To(Succeed())
+	var took time.Duration
+	Eventually(func(g Gomega) {
+		pods, err := kubectl(ctx, "-n", namespace, "get", "pods", "-l", "vm.kubevirt.io/name="+vm,
+			"-o", "jsonpath={.items[*].metadata.name}")
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(pods).ToNot(BeEmpty())
+		out, err := kubectl(ctx, "-n", namespace, "logs", strings.Fields(pods)[0], "-c", "guest-console-log")
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(framework.ParseGuestStatus(out).Started).To(BeTrue())
+		took = time.Since(start)
+	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(benchPoll).Should(Succeed())
+	deleteVM(ctx, vm)
+	return took
+}
+
+func percentile(samples []time.Duration, p int) time.Duration {
+	sorted := slices.Clone(samples)
+	slices.Sort(sorted)
+	i := (len(sorted)*p + 99) / 100
+	return sorted[max(i-1, 0)]
+}
