@@ -21,8 +21,8 @@ all: deps build
 
 deps:
 	hack/install-deps.sh
-	hack/envtest-assets.sh >/dev/null
 	hack/kubernetes.sh >/dev/null
+	hack/envtest-assets.sh >/dev/null
 	hack/s3-server.sh >/dev/null
 
 build: $(BIN)/container-disk go-build kubevirt
