@@ -31,17 +31,8 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 			" && chmod 0644 "+allowed+"/golden.raw "+outside+"/golden.raw"+
 			" && ln -sfn "+outside+"/golden.raw "+allowed+"/link.raw")).Error().ToNot(HaveOccurred())
 
-		config, err := kubectl(ctx, "-n", "kubevirt", "get", "kubevirt", "kubevirt", "-o", "jsonpath={.spec.configuration}")
-		Expect(err).ToNot(HaveOccurred())
-		DeferCleanup(func(ctx SpecContext) {
-			_, err := kubectl(ctx, "-n", "kubevirt", "patch", "kubevirt", "kubevirt", "--type", "json", "-p",
-				`[{"op":"replace","path":"/spec/configuration","value":`+config+`}]`)
-			Expect(err).ToNot(HaveOccurred())
-		})
-		_, err = kubectl(ctx, "-n", "kubevirt", "patch", "kubevirt", "kubevirt", "--type", "json", "-p",
-			`[{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HostDisk"},`+
-				`{"op":"add","path":"/spec/configuration/overlayVolumes","value":{"allowedHostPathPrefixes":["`+allowed+`"]}}]`)
-		Expect(err).ToNot(HaveOccurred())
+		patchKubeVirtConfig(ctx, `[{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HostDisk"},`+
+			`{"op":"add","path":"/spec/configuration/overlayVolumes","value":{"allowedHostPathPrefixes":["`+allowed+`"]}}]`)
 		// virt-api, virt-controller and virt-handler read the CR through
 		// informers: wait until admission takes the path.
 		Eventually(func() error {
