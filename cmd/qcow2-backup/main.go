@@ -119,11 +119,7 @@ func (s *storage) repository(fs *flag.FlagSet) (*backup.Repository, error) {
 		})
 	}
 	cfg.CredentialsFile = s.credentials
-	store, err := objectstore.NewS3(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return backup.NewRepository(store), nil
+	return backup.Open(cfg)
 }
 
 func vmFlags(fs *flag.FlagSet) *catalog.VM {

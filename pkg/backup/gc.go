@@ -65,8 +65,8 @@ func (r *Repository) DeleteBackup(ctx context.Context, backup string, opts GCOpt
 		report.merge(rep)
 	}
 	// Manifests go last: until they do, a rerun finds the backup again.
-	dir := catalog.Key(catalog.BackupDir(backup))
-	index := catalog.Key(catalog.BackupIndexPath(backup))
+	dir := catalog.BackupDir(backup)
+	index := catalog.BackupIndexPath(backup)
 	if err := r.deletePrefix(ctx, dir, func(o objectstore.ObjectInfo) bool { return o.Key != index }); err != nil {
 		return report, fmt.Errorf("delete backup %s: %w", backup, err)
 	}
@@ -142,27 +142,27 @@ func (r *Repository) collectVM(ctx context.Context, vm catalog.VM, opts GCOption
 
 	// Objects go only after the index stopped naming them: a reader never
 	// finds an entry whose objects are gone because of us.
-	named := map[string]bool{catalog.Key(catalog.VMIndexPath(vm)): true}
+	named := map[string]bool{catalog.VMIndexPath(vm): true}
 	pendingDirs := []string{}
 	for _, c := range idx.Checkpoints {
 		if !c.IsComplete() {
-			pendingDirs = append(pendingDirs, catalog.Key(catalog.CheckpointDir(vm, c.ID)))
+			pendingDirs = append(pendingDirs, catalog.CheckpointDir(vm, c.ID))
 			continue
 		}
 		for _, f := range c.Files {
-			named[catalog.Key(f.ObjectPath)] = true
+			named[f.ObjectPath] = true
 		}
 		for _, p := range []string{c.VMBObjectPath, c.VMBTObjectPath} {
 			if p != "" {
-				named[catalog.Key(p)] = true
+				named[p] = true
 			}
 		}
 	}
 	droppedDirs := make([]string, len(dropped))
 	for i, id := range dropped {
-		droppedDirs[i] = catalog.Key(catalog.CheckpointDir(vm, id))
+		droppedDirs[i] = catalog.CheckpointDir(vm, id)
 	}
-	objs, err := r.Store.List(ctx, catalog.Key(catalog.VMDir(vm)))
+	objs, err := r.Store.List(ctx, catalog.VMDir(vm))
 	if err != nil {
 		return report, fmt.Errorf("collect %s: %w", vm, err)
 	}
@@ -212,19 +212,19 @@ func liveCheckpoints(idx *catalog.VMIndex, now time.Time, grace time.Duration) m
 // they are older than the grace period.
 func (r *Repository) collectManifests(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	report := &GCReport{}
-	objs, err := r.Store.List(ctx, catalog.Key("manifests")+"/")
+	objs, err := r.Store.List(ctx, "manifests/")
 	if err != nil {
 		return report, err
 	}
 	withIndex := map[string]bool{}
 	for _, o := range objs {
-		if b, ok := catalog.ParseBackupIndexPath(strings.TrimPrefix(o.Key, catalog.Root+"/")); ok {
+		if b, ok := catalog.ParseBackupIndexPath(o.Key); ok {
 			withIndex[b] = true
 		}
 	}
 	now := r.now()
 	for _, o := range objs {
-		parts := strings.Split(strings.TrimPrefix(o.Key, catalog.Root+"/"), "/")
+		parts := strings.Split(o.Key, "/")
 		if len(parts) < 3 || withIndex[parts[1]] || now.Sub(o.LastModified) < opts.grace() {
 			continue
 		}

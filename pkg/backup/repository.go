@@ -38,9 +38,20 @@ type Repository struct {
 	RetryDelay time.Duration
 }
 
-// NewRepository returns a Repository on store.
+// NewRepository returns a Repository on store, whose keys are relative to
+// the datamover's root (catalog.Root).
 func NewRepository(store objectstore.Store) *Repository {
 	return &Repository{Store: store, Catalog: catalog.New(store)}
+}
+
+// Open returns the repository of the backup storage location cfg
+// describes: its bucket at catalog.Root(cfg.Prefix).
+func Open(cfg objectstore.Config) (*Repository, error) {
+	s3, err := objectstore.NewS3(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return NewRepository(s3.At(catalog.Root(cfg.Prefix))), nil
 }
 
 func (r *Repository) now() time.Time {
@@ -129,7 +140,7 @@ func (r *Repository) Plan(ctx context.Context, vm catalog.VM, opts PlanOptions) 
 func (r *Repository) VerifyChain(ctx context.Context, chain []catalog.CheckpointEntry, content bool) error {
 	for _, c := range chain {
 		for _, f := range c.Files {
-			key := catalog.Key(f.ObjectPath)
+			key := f.ObjectPath
 			if content {
 				if err := r.hashObject(ctx, key, f.Size, f.SHA256); err != nil {
 					return err
@@ -277,7 +288,7 @@ func (u *Upload) PutDisk(ctx context.Context, disk, file string, progress Progre
 		return catalog.FileEntry{}, fmt.Errorf("disk %s of checkpoint %s (%s): %w", disk, u.spec.ID, file, err)
 	}
 	rel := catalog.DiskPath(u.vm, u.spec.ID, u.spec.Backup, disk)
-	up, err := u.repo.uploadFile(ctx, catalog.Key(rel), file, progress)
+	up, err := u.repo.uploadFile(ctx, rel, file, progress)
 	if err != nil {
 		return catalog.FileEntry{}, fmt.Errorf("disk %s of checkpoint %s: %w", disk, u.spec.ID, err)
 	}
@@ -330,7 +341,7 @@ func (u *Upload) PutAttachment(ctx context.Context, name string, data []byte) (s
 		return "", fmt.Errorf("attachment name %q: want letters, digits, '.', '_' or '-'", name)
 	}
 	rel := catalog.AttachmentPath(u.vm, u.spec.ID, name)
-	if _, err := u.repo.Store.Put(ctx, catalog.Key(rel), bytesReader(data), int64(len(data)),
+	if _, err := u.repo.Store.Put(ctx, rel, bytesReader(data), int64(len(data)),
 		objectstore.PutOptions{ContentType: "application/json"}); err != nil {
 		return "", fmt.Errorf("attachment %s of checkpoint %s: %w", name, u.spec.ID, err)
 	}
@@ -418,7 +429,7 @@ func (u *Upload) Abort(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("abort checkpoint %s of %s: %w", u.spec.ID, u.vm, err)
 	}
-	return u.repo.deletePrefix(ctx, catalog.Key(catalog.CheckpointDir(u.vm, u.spec.ID)), nil)
+	return u.repo.deletePrefix(ctx, catalog.CheckpointDir(u.vm, u.spec.ID), nil)
 }
 
 // Spec is the checkpoint the upload adds.

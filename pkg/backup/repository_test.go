@@ -80,7 +80,7 @@ func (f *fixture) threeBackups() {
 }
 
 func diskKey(name string) string {
-	return catalog.Key(catalog.DiskPath(vm, "cp-"+name, name, "vda"))
+	return catalog.DiskPath(vm, "cp-"+name, name, "vda")
 }
 
 var _ = Describe("backup and restore", func() {
@@ -226,7 +226,7 @@ var _ = Describe("garbage collection", func() {
 
 		_, err = f.repo.DeleteBackup(f.ctx, "b1", backup.GCOptions{})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(f.store.Keys()).To(ConsistOf(catalog.Key(catalog.VMIndexPath(vm))))
+		Expect(f.store.Keys()).To(ConsistOf(catalog.VMIndexPath(vm)))
 	})
 
 	It("is idempotent and leaves other backups alone", func() {
@@ -252,7 +252,7 @@ var _ = Describe("garbage collection", func() {
 		_, err = up.PutDisk(f.ctx, "vda", files["vda"], nil)
 		Expect(err).NotTo(HaveOccurred())
 		// An object no entry names, such as a retried upload's leftover.
-		Expect(f.store.Put(f.ctx, catalog.Key(catalog.AttachmentPath(vm, "cp-ghost", "x.qcow2")), strings.NewReader("x"), 1, objectstoreOpts)).Error().NotTo(HaveOccurred())
+		Expect(f.store.Put(f.ctx, catalog.AttachmentPath(vm, "cp-ghost", "x.qcow2"), strings.NewReader("x"), 1, objectstoreOpts)).Error().NotTo(HaveOccurred())
 
 		// Nothing is lost: the next backup is incremental from b3 and restores.
 		Expect(f.hv.Write(f.ctx, 3*mib, 64<<10, 0x55)).To(Succeed())

@@ -110,7 +110,7 @@ func (r *Repository) Restore(ctx context.Context, opts RestoreOptions) (*Restore
 			return nil, fmt.Errorf("restore %s: checkpoint %s has no disk %s", opts.VM, c.ID, opts.Disk)
 		}
 		local := filepath.Join(work, fmt.Sprintf("%03d-%s.qcow2", i, c.ID))
-		if err := r.fetchLayer(ctx, catalog.Key(f.ObjectPath), local, f, opts.Progress); err != nil {
+		if err := r.fetchLayer(ctx, f.ObjectPath, local, f, opts.Progress); err != nil {
 			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
 		}
 		res.Bytes += f.Size

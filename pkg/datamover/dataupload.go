@@ -695,7 +695,7 @@ func (r *DataUploadReconciler) complete(ctx context.Context, j *uploadJob, vmb *
 	if err := r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Completed", msg, func(s *velerov2.DataUploadStatus) {
 		r.end(s, velerov2.DataUploadPhaseCompleted)
 		s.SnapshotID = SnapshotID(j.backup, j.vm.Namespace, j.vm.Name)
-		s.Path = catalog.Key(res.Path)
+		s.Path = res.Path
 		s.DataMoverResult = &result
 		s.Progress.TotalBytes, s.Progress.BytesDone = res.Bytes, res.Bytes
 	}); err != nil {

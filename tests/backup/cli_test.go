@@ -46,10 +46,9 @@ var _ = Describe("the qcow2-backup command", func() {
 		Expect(err).NotTo(HaveOccurred())
 		bsl := filepath.Join(work, "bsl.yaml")
 		Expect(os.WriteFile(bsl, []byte(srv.BSL("backups", "velero")), 0o600)).To(Succeed())
-		store := newStore(ctx, srv.BSL("backups", "velero"), creds, nil)
+		repo := newRepository(ctx, srv.BSL("backups", "velero"), creds)
 		storage := []string{"-bsl", bsl, "-credentials", creds}
 
-		repo := backup.NewRepository(store)
 		vm := catalog.VM{Namespace: "prod", Name: "db"}
 		hv, err := backuptest.New(ctx, work, 16*mib)
 		Expect(err).NotTo(HaveOccurred())
@@ -71,7 +70,7 @@ var _ = Describe("the qcow2-backup command", func() {
 		out, stderr, err := cli(ctx, bin, append([]string{"restore", "-namespace", "prod", "-vm", "db", "-backup", "mon", "-target", target, "-work-dir", work}, storage...)...)
 		Expect(err).NotTo(HaveOccurred(), stderr)
 		Expect(out).To(ContainSubstring("restored prod/db disk vda onto " + target + " from mon-cp"))
-		Expect(stderr).To(ContainSubstring("download kubevirt-datamover/checkpoints/prod/db/mon-cp/mon-vda.qcow2: 100.0%"))
+		Expect(stderr).To(ContainSubstring("download checkpoints/prod/db/mon-cp/mon-vda.qcow2: 100.0%"))
 		Expect(qcow2.Tool{}.Compare(ctx, target, qcow2.FormatRaw, expected["mon"], "")).To(BeTrue())
 
 		out, _, err = cli(ctx, bin, append([]string{"delete", "-backup", "tue"}, storage...)...)

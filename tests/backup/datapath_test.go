@@ -22,10 +22,10 @@ import (
 
 const mib = 1 << 20
 
-// bucketFile is where the posix backend keeps an object: behind the
-// server's back, as disk rot would change it.
+// bucketFile is where the posix backend keeps an object of the datamover's
+// root: behind the server's back, as disk rot would change it.
 func bucketFile(srv *s3server.Server, bucket, prefix, key string) string {
-	return filepath.Join(srv.Root, bucket, prefix, key)
+	return filepath.Join(srv.Root, bucket, catalog.Root(prefix), key)
 }
 
 // allKeys lists every object in the store.
@@ -46,21 +46,21 @@ func referencedKeys(ctx context.Context, repo *backup.Repository) []string {
 	vms, err := repo.VMs(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	for _, vm := range vms {
-		keys = append(keys, catalog.Key(catalog.VMIndexPath(vm)))
+		keys = append(keys, catalog.VMIndexPath(vm))
 		idx, err := repo.Index(ctx, vm)
 		Expect(err).NotTo(HaveOccurred())
 		for _, c := range idx.Checkpoints {
 			for _, f := range c.Files {
-				keys = append(keys, catalog.Key(f.ObjectPath))
+				keys = append(keys, f.ObjectPath)
 			}
 		}
 	}
 	backups, err := repo.Backups(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	for _, b := range backups {
-		keys = append(keys, catalog.Key(catalog.BackupIndexPath(b.BackupName)))
+		keys = append(keys, catalog.BackupIndexPath(b.BackupName))
 		for _, v := range b.VMs {
-			keys = append(keys, catalog.Key(v.ManifestPath))
+			keys = append(keys, v.ManifestPath)
 		}
 	}
 	return keys
@@ -71,7 +71,7 @@ var _ = Describe("the data path on a real S3 server", func() {
 	var (
 		ctx   context.Context
 		srv   *s3server.Server
-		store *objectstore.S3
+		store objectstore.Store
 		repo  *backup.Repository
 		work  string
 	)
@@ -81,8 +81,8 @@ var _ = Describe("the data path on a real S3 server", func() {
 		srv = startS3(c)
 		creds, err := srv.WriteCredentials(work)
 		Expect(err).NotTo(HaveOccurred())
-		store = newStore(ctx, srv.BSL(bucket, prefix), creds, nil)
-		repo = backup.NewRepository(store)
+		repo = newRepository(ctx, srv.BSL(bucket, prefix), creds)
+		store = repo.Store
 		repo.RetryDelay = 10 * time.Millisecond
 	})
 
@@ -193,7 +193,7 @@ var _ = Describe("the data path on a real S3 server", func() {
 		restoreAndCompare("b3", vm, hv.Live())
 		_, err := repo.DeleteBackup(ctx, "b3", backup.GCOptions{})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(allKeys(ctx, store)).To(ConsistOf(catalog.Key(catalog.VMIndexPath(vm))))
+		Expect(allKeys(ctx, store)).To(ConsistOf(catalog.VMIndexPath(vm)))
 	})
 
 	DescribeTable("catches a damaged object: the next backup is full, a restore fails clearly",
@@ -205,7 +205,7 @@ var _ = Describe("the data path on a real S3 server", func() {
 			_, err = repo.BackupVM(ctx, vm, hv, backup.BackupOptions{Backup: "b2", Checkpoint: "cp2", WorkDir: work})
 			Expect(err).NotTo(HaveOccurred())
 
-			damage(catalog.Key(catalog.DiskPath(vm, "cp1", "b1", "vda")))
+			damage(catalog.DiskPath(vm, "cp1", "b1", "vda"))
 
 			_, err = repo.Restore(ctx, backup.RestoreOptions{Backup: "b2", VM: vm, Disk: "vda", Target: filepath.Join(work, "r.raw"), WorkDir: work})
 			Expect(err).To(MatchError(ContainSubstring(message)))

@@ -50,7 +50,7 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 		bsl := filepath.Join(work, "bsl.yaml")
 		Expect(os.WriteFile(bsl, []byte(srv.BSL("backups", "velero")), 0o600)).To(Succeed())
 		storage = []string{"-bsl", bsl, "-credentials", creds}
-		repo = backup.NewRepository(newStore(ctx, srv.BSL("backups", "velero"), creds, nil))
+		repo = newRepository(ctx, srv.BSL("backups", "velero"), creds)
 
 		raw := filepath.Join(work, "boot.raw")
 		Expect(framework.CreateBootDisk(ctx, raw, 64*mib, guestRounds[0])).To(Succeed())

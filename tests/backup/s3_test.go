@@ -14,18 +14,25 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 )
 
-// newStore connects to a fresh bucket on srv through a BSL manifest and a
-// credentials file, as the CLI and an upload pod do.
-func newStore(ctx context.Context, bsl, credentials string, tune func(*objectstore.Config)) *objectstore.S3 {
-	dir := GinkgoT().TempDir()
-	path := filepath.Join(dir, "bsl.yaml")
+// loadBSL reads a BSL manifest and a credentials file, as the CLI and the
+// pods do.
+func loadBSL(bsl, credentials string) objectstore.Config {
+	path := filepath.Join(GinkgoT().TempDir(), "bsl.yaml")
 	Expect(os.WriteFile(path, []byte(bsl), 0o600)).To(Succeed())
 	cfg, err := objectstore.LoadBSL(path, credentials)
 	Expect(err).NotTo(HaveOccurred())
+	return cfg
+}
+
+// newStore connects to a fresh bucket on srv through a BSL manifest and a
+// credentials file; its keys are under the location's prefix.
+func newStore(ctx context.Context, bsl, credentials string, tune func(*objectstore.Config)) *objectstore.S3 {
+	cfg := loadBSL(bsl, credentials)
 	if tune != nil {
 		tune(&cfg)
 	}
@@ -34,6 +41,15 @@ func newStore(ctx context.Context, bsl, credentials string, tune func(*objectsto
 	Expect(store.CreateBucket(ctx)).To(Succeed())
 	Expect(store.Check(ctx)).To(Succeed())
 	return store
+}
+
+// newRepository opens the datamover's repository of a fresh bucket on srv
+// as the CLI and the pods do.
+func newRepository(ctx context.Context, bsl, credentials string) *backup.Repository {
+	newStore(ctx, bsl, credentials, nil)
+	repo, err := backup.Open(loadBSL(bsl, credentials))
+	Expect(err).NotTo(HaveOccurred())
+	return repo
 }
 
 func put(ctx context.Context, s objectstore.Store, key, body string, cond objectstore.Condition) (objectstore.ObjectInfo, error) {

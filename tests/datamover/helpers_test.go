@@ -82,9 +82,9 @@ type location struct {
 }
 
 func (l *location) repository() *backup.Repository {
-	store, err := objectstore.NewS3(l.cfg)
+	repo, err := backup.Open(l.cfg)
 	Expect(err).NotTo(HaveOccurred())
-	return backup.NewRepository(store)
+	return repo
 }
 
 // newLocation creates a location in the given phase ("" for none yet).

@@ -9,7 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"reflect"
-	"strings"
 	"time"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
@@ -25,11 +24,12 @@ var ErrTooNew = errors.New("document written by a newer schema version")
 // maxDocumentSize bounds what is read as a document.
 const maxDocumentSize = 64 << 20
 
-// Catalog reads and writes the documents in a store. Every write of a
-// document that already exists is conditional on the ETag it was read
-// with, every creation on the key being free (If-None-Match: *): a writer
-// that loses re-reads, reapplies its change and tries again, so concurrent
-// writers never lose each other's changes.
+// Catalog reads and writes the documents in a store opened at the
+// datamover's root (see Root): the documents' paths are its keys. Every
+// write of a document that already exists is conditional on the ETag it
+// was read with, every creation on the key being free (If-None-Match: *): a
+// writer that loses re-reads, reapplies its change and tries again, so
+// concurrent writers never lose each other's changes.
 type Catalog struct {
 	Store objectstore.Store
 	// Now stamps documents; nil means time.Now.
@@ -183,7 +183,7 @@ func backoff(ctx context.Context, attempt int) error {
 // VMIndex reads a VM's index; a VM with no index gets an empty one.
 func (c *Catalog) VMIndex(ctx context.Context, vm VM) (*VMIndex, error) {
 	idx := &VMIndex{}
-	_, found, err := c.read(ctx, Key(VMIndexPath(vm)), idx)
+	_, found, err := c.read(ctx, VMIndexPath(vm), idx)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +197,7 @@ func (c *Catalog) VMIndex(ctx context.Context, vm VM) (*VMIndex, error) {
 // fn may run several times; it must derive its change from the index it is
 // given.
 func (c *Catalog) UpdateVMIndex(ctx context.Context, vm VM, fn func(*VMIndex) error) (*VMIndex, error) {
-	return update(ctx, c, Key(VMIndexPath(vm)), func(idx *VMIndex, found bool) error {
+	return update(ctx, c, VMIndexPath(vm), func(idx *VMIndex, found bool) error {
 		if !found {
 			idx.VMName, idx.Namespace = vm.Name, vm.Namespace
 		}
@@ -213,7 +213,7 @@ func (c *Catalog) UpdateVMIndex(ctx context.Context, vm VM, fn func(*VMIndex) er
 // there is none.
 func (c *Catalog) BackupManifest(ctx context.Context, backup string) (*BackupManifest, bool, error) {
 	m := &BackupManifest{}
-	_, found, err := c.read(ctx, Key(BackupIndexPath(backup)), m)
+	_, found, err := c.read(ctx, BackupIndexPath(backup), m)
 	return m, found, err
 }
 
@@ -221,7 +221,7 @@ func (c *Catalog) BackupManifest(ctx context.Context, backup string) (*BackupMan
 // manifestPath) in the backup's index, replacing an earlier record of the
 // same VM.
 func (c *Catalog) AddVMToBackup(ctx context.Context, backup string, entry BackupVM) (*BackupManifest, error) {
-	return update(ctx, c, Key(BackupIndexPath(backup)), func(m *BackupManifest, found bool) error {
+	return update(ctx, c, BackupIndexPath(backup), func(m *BackupManifest, found bool) error {
 		if !found {
 			m.BackupName = backup
 			m.Timestamp = c.now()
@@ -240,10 +240,10 @@ func (c *Catalog) AddVMToBackup(ctx context.Context, backup string, entry Backup
 	})
 }
 
-// VMManifest reads a VM's manifest of a backup at rel (relative to Root).
+// VMManifest reads a VM's manifest of a backup at rel (relative to the root).
 func (c *Catalog) VMManifest(ctx context.Context, rel string) (*VMBackupManifest, error) {
 	m := &VMBackupManifest{}
-	_, found, err := c.read(ctx, Key(rel), m)
+	_, found, err := c.read(ctx, rel, m)
 	if err != nil {
 		return nil, err
 	}
@@ -254,14 +254,14 @@ func (c *Catalog) VMManifest(ctx context.Context, rel string) (*VMBackupManifest
 }
 
 // PutVMManifest writes a VM's manifest of a backup and returns its path
-// relative to Root. A manifest of the same VM is replaced (a retried
+// relative to the root. A manifest of the same VM is replaced (a retried
 // upload); one of another VM whose name collides is left alone and this
 // one takes a disambiguated name.
 func (c *Catalog) PutVMManifest(ctx context.Context, m VMBackupManifest) (string, error) {
 	vm := VM{Namespace: m.Namespace, Name: m.Name}
 	for _, rel := range []string{VMManifestPath(m.BackupName, vm), DisambiguatedVMManifestPath(m.BackupName, vm)} {
 		collided := false
-		_, err := update(ctx, c, Key(rel), func(doc *VMBackupManifest, found bool) error {
+		_, err := update(ctx, c, rel, func(doc *VMBackupManifest, found bool) error {
 			if found && (doc.Namespace != m.Namespace || doc.Name != m.Name) {
 				collided = true
 				return ErrUnchanged
@@ -281,13 +281,13 @@ func (c *Catalog) PutVMManifest(ctx context.Context, m VMBackupManifest) (string
 
 // VMs lists the VMs that have an index.
 func (c *Catalog) VMs(ctx context.Context) ([]VM, error) {
-	objs, err := c.Store.List(ctx, Key("checkpoints")+"/")
+	objs, err := c.Store.List(ctx, "checkpoints/")
 	if err != nil {
 		return nil, fmt.Errorf("list VM indexes: %w", err)
 	}
 	var out []VM
 	for _, o := range objs {
-		if vm, ok := ParseVMIndexPath(strings.TrimPrefix(o.Key, Root+"/")); ok {
+		if vm, ok := ParseVMIndexPath(o.Key); ok {
 			out = append(out, vm)
 		}
 	}
@@ -296,13 +296,13 @@ func (c *Catalog) VMs(ctx context.Context) ([]VM, error) {
 
 // Backups lists the backups that have an index.
 func (c *Catalog) Backups(ctx context.Context) ([]string, error) {
-	objs, err := c.Store.List(ctx, Key("manifests")+"/")
+	objs, err := c.Store.List(ctx, "manifests/")
 	if err != nil {
 		return nil, fmt.Errorf("list backups: %w", err)
 	}
 	var out []string
 	for _, o := range objs {
-		if b, ok := ParseBackupIndexPath(strings.TrimPrefix(o.Key, Root+"/")); ok {
+		if b, ok := ParseBackupIndexPath(o.Key); ok {
 			out = append(out, b)
 		}
 	}

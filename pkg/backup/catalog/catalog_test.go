@@ -27,14 +27,23 @@ var vm = catalog.VM{Namespace: "ns", Name: "vm1"}
 
 var _ = Describe("layout", func() {
 	It("puts documents and files where the published design does", func() {
-		Expect(catalog.Key(catalog.VMIndexPath(vm))).To(Equal("kubevirt-datamover/checkpoints/ns/vm1/index.json"))
-		Expect(catalog.Key(catalog.DiskPath(vm, "cp1", "b1", "vda"))).To(Equal("kubevirt-datamover/checkpoints/ns/vm1/cp1/b1-vda.qcow2"))
-		Expect(catalog.Key(catalog.BackupIndexPath("b1"))).To(Equal("kubevirt-datamover/manifests/b1/index.json"))
-		Expect(catalog.Key(catalog.VMManifestPath("b1", vm))).To(Equal("kubevirt-datamover/manifests/b1/ns-vm1.json"))
+		Expect(catalog.VMIndexPath(vm)).To(Equal("checkpoints/ns/vm1/index.json"))
+		Expect(catalog.DiskPath(vm, "cp1", "b1", "vda")).To(Equal("checkpoints/ns/vm1/cp1/b1-vda.qcow2"))
+		Expect(catalog.BackupIndexPath("b1")).To(Equal("manifests/b1/index.json"))
+		Expect(catalog.VMManifestPath("b1", vm)).To(Equal("manifests/b1/ns-vm1.json"))
 		parsed, ok := catalog.ParseVMIndexPath("checkpoints/ns/vm1/index.json")
 		Expect(ok).To(BeTrue())
 		Expect(parsed).To(Equal(vm))
 	})
+
+	DescribeTable("roots the documents in the location's bucket",
+		func(prefix, root string) {
+			Expect(catalog.Root(prefix)).To(Equal(root))
+		},
+		Entry("under a prefix", "velero", "velero/kubevirt-datamover"),
+		Entry("under a nested prefix, slashes trimmed", "/clusters/a/", "clusters/a/kubevirt-datamover"),
+		Entry("without a prefix", "", "kubevirt-datamover"),
+	)
 })
 
 var _ = Describe("chain", func() {
@@ -142,7 +151,7 @@ var _ = Describe("conditional updates", func() {
 
 	It("refuses a document of a newer schema instead of misreading it", func() {
 		doc, _ := json.Marshal(map[string]any{"schemaVersion": catalog.SchemaVersion + 1, "vmName": "vm1"})
-		_, err := store.Put(ctx, catalog.Key(catalog.VMIndexPath(vm)), strings.NewReader(string(doc)), int64(len(doc)), objectstore.PutOptions{})
+		_, err := store.Put(ctx, catalog.VMIndexPath(vm), strings.NewReader(string(doc)), int64(len(doc)), objectstore.PutOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		_, err = cat.VMIndex(ctx, vm)
 		Expect(err).To(MatchError(catalog.ErrTooNew))
@@ -175,7 +184,7 @@ var _ = Describe("torn reads", func() {
 		ctx = context.Background()
 		store = objectstoretest.NewMemory()
 		cat = catalog.New(store)
-		key = catalog.Key(catalog.VMIndexPath(vm))
+		key = catalog.VMIndexPath(vm)
 		_, err := cat.UpdateVMIndex(ctx, vm, func(idx *catalog.VMIndex) error {
 			idx.Checkpoints = append(idx.Checkpoints, cp("a", catalog.Full, ""))
 			return nil

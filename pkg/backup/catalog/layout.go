@@ -7,9 +7,13 @@ import (
 	"strings"
 )
 
-// Root is the directory of everything the datamover stores, under the
-// backup storage location's prefix, beside Velero's backups/ and restores/.
-const Root = "kubevirt-datamover"
+// Dir names the directory of everything the datamover stores.
+const Dir = "kubevirt-datamover"
+
+// Root is the datamover's directory in the bucket of a backup storage
+// location whose prefix is bslPrefix. The documents' paths, and the keys
+// of a store opened at Root, are relative to it.
+func Root(bslPrefix string) string { return path.Join(strings.Trim(bslPrefix, "/"), Dir) }
 
 // VM names a virtual machine.
 type VM struct {
@@ -19,17 +23,13 @@ type VM struct {
 
 func (v VM) String() string { return v.Namespace + "/" + v.Name }
 
-// Key turns a path relative to Root (as documents record them) into a
-// store key.
-func Key(rel string) string { return path.Join(Root, rel) }
-
-// VMDir is checkpoints/<ns>/<vm>/, relative to Root.
+// VMDir is checkpoints/<ns>/<vm>/, relative to the root.
 func VMDir(vm VM) string { return path.Join("checkpoints", vm.Namespace, vm.Name) + "/" }
 
-// VMIndexPath is checkpoints/<ns>/<vm>/index.json, relative to Root.
+// VMIndexPath is checkpoints/<ns>/<vm>/index.json, relative to the root.
 func VMIndexPath(vm VM) string { return path.Join("checkpoints", vm.Namespace, vm.Name, "index.json") }
 
-// CheckpointDir is checkpoints/<ns>/<vm>/<checkpoint>/, relative to Root.
+// CheckpointDir is checkpoints/<ns>/<vm>/<checkpoint>/, relative to the root.
 func CheckpointDir(vm VM, checkpoint string) string {
 	return path.Join("checkpoints", vm.Namespace, vm.Name, checkpoint) + "/"
 }
@@ -38,24 +38,24 @@ func CheckpointDir(vm VM, checkpoint string) string {
 // <backup>-<disk>.qcow2.
 func DiskFilename(backup, disk string) string { return backup + "-" + disk + ".qcow2" }
 
-// DiskPath is the object of one disk of a checkpoint, relative to Root.
+// DiskPath is the object of one disk of a checkpoint, relative to the root.
 func DiskPath(vm VM, checkpoint, backup, disk string) string {
 	return path.Join(CheckpointDir(vm, checkpoint), DiskFilename(backup, disk))
 }
 
 // AttachmentPath is a named side file of a checkpoint (vmb.json,
-// vmbt.json), relative to Root.
+// vmbt.json), relative to the root.
 func AttachmentPath(vm VM, checkpoint, name string) string {
 	return path.Join(CheckpointDir(vm, checkpoint), name)
 }
 
-// BackupDir is manifests/<backup>/, relative to Root.
+// BackupDir is manifests/<backup>/, relative to the root.
 func BackupDir(backup string) string { return path.Join("manifests", backup) + "/" }
 
-// BackupIndexPath is manifests/<backup>/index.json, relative to Root.
+// BackupIndexPath is manifests/<backup>/index.json, relative to the root.
 func BackupIndexPath(backup string) string { return path.Join("manifests", backup, "index.json") }
 
-// VMManifestPath is manifests/<backup>/<ns>-<vm>.json, relative to Root.
+// VMManifestPath is manifests/<backup>/<ns>-<vm>.json, relative to the root.
 // "<ns>-<vm>" is ambiguous when names contain dashes; colliding VMs of one
 // backup get a digest suffix (see DisambiguatedVMManifestPath).
 func VMManifestPath(backup string, vm VM) string {
@@ -70,7 +70,7 @@ func DisambiguatedVMManifestPath(backup string, vm VM) string {
 }
 
 // ParseVMIndexPath recognizes checkpoints/<ns>/<vm>/index.json relative to
-// Root.
+// the root.
 func ParseVMIndexPath(rel string) (VM, bool) {
 	parts := strings.Split(rel, "/")
 	if len(parts) != 4 || parts[0] != "checkpoints" || parts[3] != "index.json" {
@@ -80,7 +80,7 @@ func ParseVMIndexPath(rel string) (VM, bool) {
 }
 
 // ParseBackupIndexPath recognizes manifests/<backup>/index.json relative to
-// Root.
+// the root.
 func ParseBackupIndexPath(rel string) (string, bool) {
 	parts := strings.Split(rel, "/")
 	if len(parts) != 3 || parts[0] != "manifests" || parts[2] != "index.json" {

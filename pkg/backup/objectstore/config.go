@@ -18,7 +18,9 @@ import (
 // credentials secret holds them.
 type Config struct {
 	Bucket string
-	// Prefix is the BSL's prefix; every key is stored under it.
+	// Prefix is the BSL's prefix: Velero's objects are under it, a store
+	// made by NewS3 has its keys under it, and backup.Open puts the
+	// datamover's beside it (catalog.Root).
 	Prefix string
 	Region string
 	// S3URL is the endpoint (http:// or https://); empty means AWS.

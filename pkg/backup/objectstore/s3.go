@@ -33,8 +33,8 @@ type S3 struct {
 	concurrency int
 }
 
-// NewS3 connects to the bucket cfg names. It does not contact the server;
-// Check does.
+// NewS3 connects to the bucket cfg names; its keys are relative to
+// cfg.Prefix. It does not contact the server; Check does.
 func NewS3(cfg Config) (*S3, error) {
 	if cfg.Bucket == "" {
 		return nil, fmt.Errorf("s3: bucket is empty")
@@ -87,6 +87,14 @@ func NewS3(cfg Config) (*S3, error) {
 		s.concurrency = DefaultPartConcurrency
 	}
 	return s, nil
+}
+
+// At returns a store on the same bucket and connection whose keys are
+// relative to prefix, a path from the bucket's top (not from s's prefix).
+func (s *S3) At(prefix string) *S3 {
+	c := *s
+	c.prefix = strings.Trim(prefix, "/")
+	return &c
 }
 
 func parseEndpoint(s3URL, region string) (host string, secure bool, err error) {

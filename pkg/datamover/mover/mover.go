@@ -30,7 +30,7 @@ type UploadResult struct {
 	Checkpoint string                 `json:"checkpoint"`
 	Type       catalog.CheckpointType `json:"type"`
 	Parent     string                 `json:"parent,omitempty"`
-	// Path is the checkpoint's directory relative to the datamover root.
+	// Path is the checkpoint's directory relative to the datamover's root.
 	Path  string         `json:"path"`
 	Bytes int64          `json:"bytes"`
 	Files []UploadedFile `json:"files"`
@@ -50,11 +50,11 @@ func Repository(bsl []byte, credentials string) (*backup.Repository, error) {
 		return nil, fmt.Errorf("backup storage location: %w", err)
 	}
 	cfg.CredentialsFile = credentials
-	store, err := objectstore.NewS3(cfg)
+	repo, err := backup.Open(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("backup storage location: %w", err)
 	}
-	return backup.NewRepository(store), nil
+	return repo, nil
 }
 
 // FindDiskFile locates the file KubeVirt wrote for volume in a push-mode
