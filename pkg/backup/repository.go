@@ -36,6 +36,10 @@ type Repository struct {
 	Retries int
 	// RetryDelay is the first pause between attempts; zero means 1 s.
 	RetryDelay time.Duration
+	// Legacy, when set, is a store where earlier releases kept backups
+	// (catalog.LegacyRoot). ResolveChain and Restore read a backup there
+	// when Store does not hold it; nothing is written there.
+	Legacy objectstore.Store
 }
 
 // NewRepository returns a Repository on store, whose keys are relative to
@@ -45,13 +49,26 @@ func NewRepository(store objectstore.Store) *Repository {
 }
 
 // Open returns the repository of the backup storage location cfg
-// describes: its bucket at catalog.Root(cfg.Prefix).
+// describes: its bucket at catalog.Root(cfg.Prefix), beside the prefix
+// Velero owns, with the backups earlier releases wrote under the prefix
+// (catalog.LegacyRoot) still restorable.
 func Open(cfg objectstore.Config) (*Repository, error) {
 	s3, err := objectstore.NewS3(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return NewRepository(s3.At(catalog.Root(cfg.Prefix))), nil
+	r := NewRepository(s3.At(catalog.Root(cfg.Prefix)))
+	r.Legacy = s3.At(catalog.LegacyRoot(cfg.Prefix))
+	return r, nil
+}
+
+// on is r reading and writing store instead.
+func (r *Repository) on(store objectstore.Store) *Repository {
+	c := *r
+	cat := *r.Catalog
+	cat.Store = store
+	c.Store, c.Catalog, c.Legacy = store, &cat, nil
+	return &c
 }
 
 func (r *Repository) now() time.Time {

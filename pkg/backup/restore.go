@@ -15,10 +15,43 @@ import (
 
 func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 
+// NotFoundError says the store holds no such backup, no such VM in the
+// backup, or no complete checkpoint of the VM.
+type NotFoundError struct{ Reason string }
+
+func (e *NotFoundError) Error() string { return e.Reason }
+
+// IsNotFound reports whether err says the store does not hold what was
+// asked for.
+func IsNotFound(err error) bool {
+	var nf *NotFoundError
+	return errors.As(err, &nf)
+}
+
 // ResolveChain returns the checkpoints, base first, that restore vm as
 // backup saved it, after checking the backup's manifests against the VM's
-// index. An empty backup means the VM's latest complete checkpoint.
+// index. An empty backup means the VM's latest complete checkpoint. What
+// the store does not hold is looked for in the legacy store.
 func (r *Repository) ResolveChain(ctx context.Context, backup string, vm catalog.VM) ([]catalog.CheckpointEntry, error) {
+	_, chain, err := r.locate(ctx, backup, vm)
+	return chain, err
+}
+
+// locate resolves the chain in the store, else in the legacy store, and
+// returns a repository on the store that holds it.
+func (r *Repository) locate(ctx context.Context, backup string, vm catalog.VM) (*Repository, []catalog.CheckpointEntry, error) {
+	chain, err := r.resolveChain(ctx, backup, vm)
+	if r.Legacy == nil || !IsNotFound(err) {
+		return r, chain, err
+	}
+	legacy := r.on(r.Legacy)
+	if chain, lerr := legacy.resolveChain(ctx, backup, vm); !IsNotFound(lerr) {
+		return legacy, chain, lerr
+	}
+	return r, nil, err
+}
+
+func (r *Repository) resolveChain(ctx context.Context, backup string, vm catalog.VM) ([]catalog.CheckpointEntry, error) {
 	idx, err := r.Catalog.VMIndex(ctx, vm)
 	if err != nil {
 		return nil, fmt.Errorf("resolve chain of %s: %w", vm, err)
@@ -26,7 +59,7 @@ func (r *Repository) ResolveChain(ctx context.Context, backup string, vm catalog
 	if backup == "" {
 		latest := idx.Latest()
 		if len(latest) == 0 {
-			return nil, fmt.Errorf("resolve chain of %s: no complete checkpoint in the store", vm)
+			return nil, fmt.Errorf("resolve chain of %s: %w", vm, &NotFoundError{Reason: "no complete checkpoint in the store"})
 		}
 		return idx.Chain(latest[0].ID)
 	}
@@ -35,7 +68,7 @@ func (r *Repository) ResolveChain(ctx context.Context, backup string, vm catalog
 		return nil, fmt.Errorf("resolve chain of %s in backup %s: %w", vm, backup, err)
 	}
 	if !found {
-		return nil, fmt.Errorf("resolve chain of %s: backup %s is not in the store", vm, backup)
+		return nil, fmt.Errorf("resolve chain of %s: %w", vm, &NotFoundError{Reason: "backup " + backup + " is not in the store"})
 	}
 	var entry *catalog.BackupVM
 	for i := range m.VMs {
@@ -44,7 +77,7 @@ func (r *Repository) ResolveChain(ctx context.Context, backup string, vm catalog
 		}
 	}
 	if entry == nil {
-		return nil, fmt.Errorf("resolve chain of %s: backup %s does not hold this VM", vm, backup)
+		return nil, fmt.Errorf("resolve chain of %s: %w", vm, &NotFoundError{Reason: "backup " + backup + " does not hold this VM"})
 	}
 	vmm, err := r.Catalog.VMManifest(ctx, entry.ManifestPath)
 	if err != nil {
@@ -92,7 +125,7 @@ type RestoreResult struct {
 // external data file; points every layer at the one before it (rebase -u);
 // converts the top to raw onto the target and compares the two.
 func (r *Repository) Restore(ctx context.Context, opts RestoreOptions) (*RestoreResult, error) {
-	chain, err := r.ResolveChain(ctx, opts.Backup, opts.VM)
+	src, chain, err := r.locate(ctx, opts.Backup, opts.VM)
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", opts.VM, err)
 	}
@@ -110,7 +143,7 @@ func (r *Repository) Restore(ctx context.Context, opts RestoreOptions) (*Restore
 			return nil, fmt.Errorf("restore %s: checkpoint %s has no disk %s", opts.VM, c.ID, opts.Disk)
 		}
 		local := filepath.Join(work, fmt.Sprintf("%03d-%s.qcow2", i, c.ID))
-		if err := r.fetchLayer(ctx, f.ObjectPath, local, f, opts.Progress); err != nil {
+		if err := src.fetchLayer(ctx, f.ObjectPath, local, f, opts.Progress); err != nil {
 			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
 		}
 		res.Bytes += f.Size

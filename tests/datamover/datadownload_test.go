@@ -2,6 +2,7 @@ package datamover_test
 
 import (
 	"context"
+	"path/filepath"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -12,10 +13,39 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 var _ = Describe("DataDownload", func() {
+	It("restores a backup an earlier release wrote under the location's prefix", func(ctx context.Context) {
+		vm := newVM(ctx)
+		loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+		s3store, err := objectstore.NewS3(loc.cfg)
+		Expect(err).NotTo(HaveOccurred())
+		legacy := backup.NewRepository(s3store.At(catalog.LegacyRoot(loc.cfg.Prefix)))
+		_, err = legacy.BackupVM(ctx, vm.catalogVM(), vm.hv, backup.BackupOptions{Backup: "old", WorkDir: GinkgoT().TempDir()})
+		Expect(err).NotTo(HaveOccurred())
+		atOld := filepath.Join(GinkgoT().TempDir(), "old.raw")
+		Expect(vm.hv.Snapshot(ctx, atOld)).To(Succeed())
+		Expect(vm.hv.Write(ctx, 8<<20, 1<<20, 0x33)).To(Succeed())
+
+		Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "restored", Namespace: vm.namespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
+			},
+		})).To(Succeed())
+		dd := newDataDownload(ctx, datamover.SnapshotID("old", vm.namespace, vm.name), vm.namespace, "restored", loc, map[string]string{datamover.ConfigDisk: "vda"})
+		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataDownloadPhaseCompleted))
+		restored := filepath.Join(vols.dir(vm.namespace, "restored"), datamover.PodTargetFile)
+		Expect(framework.SHA256(restored)).To(Equal(must(framework.SHA256(atOld))))
+	})
+
 	DescribeTable("fails with a message naming what is missing",
 		func(ctx context.Context, snapshotID func(*testVM) string, want string) {
 			vm := newVM(ctx)

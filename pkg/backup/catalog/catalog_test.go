@@ -40,8 +40,16 @@ var _ = Describe("layout", func() {
 		func(prefix, root string) {
 			Expect(catalog.Root(prefix)).To(Equal(root))
 		},
+		Entry("beside a prefix", "velero", "velero-kubevirt-datamover"),
+		Entry("beside a nested prefix, slashes trimmed", "/clusters/a/", "clusters/a-kubevirt-datamover"),
+		Entry("without a prefix, in Velero's directory for plugins", "", "plugins/kubevirt-datamover"),
+	)
+
+	DescribeTable("knows where earlier releases kept them",
+		func(prefix, root string) {
+			Expect(catalog.LegacyRoot(prefix)).To(Equal(root))
+		},
 		Entry("under a prefix", "velero", "velero/kubevirt-datamover"),
-		Entry("under a nested prefix, slashes trimmed", "/clusters/a/", "clusters/a/kubevirt-datamover"),
 		Entry("without a prefix", "", "kubevirt-datamover"),
 	)
 })

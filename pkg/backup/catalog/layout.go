@@ -13,7 +13,26 @@ const Dir = "kubevirt-datamover"
 // Root is the datamover's directory in the bucket of a backup storage
 // location whose prefix is bslPrefix. The documents' paths, and the keys
 // of a store opened at Root, are relative to it.
-func Root(bslPrefix string) string { return path.Join(strings.Trim(bslPrefix, "/"), Dir) }
+//
+// Velero owns the prefix: its validation marks a location Unavailable, and
+// stops every backup to it, as soon as a directory other than its own
+// (backups/, restores/, kopia/, …) appears right under the prefix. The
+// root is therefore the prefix's sibling, "<prefix>-kubevirt-datamover", as
+// OADP's datamover names it. Without a prefix Velero owns the bucket's
+// whole top level; the root is then "plugins/kubevirt-datamover", under
+// the directory Velero's layout sets aside for plugins' data.
+func Root(bslPrefix string) string {
+	prefix := strings.Trim(bslPrefix, "/")
+	if prefix == "" {
+		return path.Join("plugins", Dir)
+	}
+	return prefix + "-" + Dir
+}
+
+// LegacyRoot is where earlier releases kept the datamover's objects,
+// "<prefix>/kubevirt-datamover": a directory Velero refuses. Restores
+// still read the backups there; nothing is written there any more.
+func LegacyRoot(bslPrefix string) string { return path.Join(strings.Trim(bslPrefix, "/"), Dir) }
 
 // VM names a virtual machine.
 type VM struct {
