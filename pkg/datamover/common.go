@@ -53,12 +53,24 @@ func waitFor(reason string, after time.Duration, format string, args ...any) err
 	return &errWait{reason: reason, message: fmt.Sprintf(format, args...), after: after}
 }
 
-// errFatal ends the operation as Failed with its message.
-type errFatal struct{ message string }
+// errFatal ends the operation as Failed: what it says cannot change on a
+// retry (what the user named does not exist, the input is invalid). Every
+// other error is returned to the work queue, which retries with backoff.
+type errFatal struct{ err error }
 
-func (e *errFatal) Error() string { return e.message }
+func (e *errFatal) Error() string { return e.err.Error() }
 
-func fatal(format string, args ...any) error { return &errFatal{message: fmt.Sprintf(format, args...)} }
+func (e *errFatal) Unwrap() error { return e.err }
+
+// fatal formats like fmt.Errorf, %w keeping the cause.
+func fatal(format string, args ...any) error { return &errFatal{err: fmt.Errorf(format, args...)} }
+
+// isFatal reports whether err ends the operation; its whole text is then
+// the status message.
+func isFatal(err error) bool {
+	var fat *errFatal
+	return errors.As(err, &fat)
+}
 
 // availableLocation finds the named location and requires it Available;
 // a missing location is fatal, an unavailable one is waited for.

@@ -158,10 +158,9 @@ func (r *DataDownloadReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	res := ctrl.Result{}
 	var wait *errWait
-	var fat *errFatal
 	switch {
-	case errors.As(err, &fat):
-		return r.fail(ctx, j, fat.message)
+	case isFatal(err):
+		return r.fail(ctx, j, err.Error())
 	case errors.As(err, &wait):
 		if dd.Status.Message != wait.message {
 			if serr := r.setStatus(ctx, dd, corev1.EventTypeNormal, wait.reason, wait.message, func(*velerov2.DataDownloadStatus) {}); serr != nil {
@@ -206,11 +205,11 @@ func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) er
 	}
 	repo, err := loc.open()
 	if err != nil {
-		return fatal("%v", err)
+		return fatal("%w", err)
 	}
 	chain, err := repo.ResolveChain(ctx, j.backup, j.vm)
 	if err != nil {
-		return fatal("backup %s of %s: %v", j.backup, j.vm, err)
+		return fatal("backup %s of %s: %w", j.backup, j.vm, err)
 	}
 	for _, c := range chain {
 		found := false
@@ -262,7 +261,7 @@ func (r *DataDownloadReconciler) restore(ctx context.Context, j *downloadJob) er
 	}
 	res, err := mover.DecodeRestoreResult(message)
 	if err != nil {
-		return fatal("%v", err)
+		return fatal("%w", err)
 	}
 	msg := fmt.Sprintf("restored disk %s of %s from backup %s (chain of %d, %d bytes) into claim %s/%s",
 		j.disk, j.vm, j.backup, len(res.Chain), res.Bytes, j.targetNamespace(), j.dd.Spec.TargetVolume.PVC)

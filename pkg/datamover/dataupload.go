@@ -222,10 +222,9 @@ func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		err = r.upload(ctx, j)
 	}
 	var wait *errWait
-	var fat *errFatal
 	switch {
-	case errors.As(err, &fat):
-		return r.fail(ctx, j, fat.message)
+	case isFatal(err):
+		return r.fail(ctx, j, err.Error())
 	case errors.As(err, &wait):
 		if serr := r.setMessage(ctx, j.du, wait.reason, wait.message); serr != nil {
 			return ctrl.Result{}, serr
@@ -362,7 +361,7 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	}
 	disks, err := vmDisks(ctx, r.Reader, vm)
 	if err != nil {
-		return fatal("%v", err)
+		return fatal("%w", err)
 	}
 	tracker, err := r.ensureTracker(ctx, j)
 	if err != nil {
@@ -374,11 +373,11 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	}
 	repo, err := loc.open()
 	if err != nil {
-		return fatal("%v", err)
+		return fatal("%w", err)
 	}
 	opts, err := r.planOptions(j, tracker)
 	if err != nil {
-		return fatal("%v", err)
+		return fatal("%w", err)
 	}
 	plan, err := repo.Plan(ctx, j.vm, opts)
 	if err != nil {
@@ -387,7 +386,7 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	size := backupVolumeSize(disks)
 	if s := j.du.Annotations[AnnotationBackupPVCSize]; s != "" {
 		if size, err = resource.ParseQuantity(s); err != nil {
-			return fatal("annotation %s: %v", AnnotationBackupPVCSize, err)
+			return fatal("annotation %s: %w", AnnotationBackupPVCSize, err)
 		}
 	}
 	if err := r.createClaim(ctx, j, size); err != nil {
@@ -571,7 +570,7 @@ func (r *DataUploadReconciler) upload(ctx context.Context, j *uploadJob) error {
 	}
 	res, err := mover.DecodeUploadResult(message)
 	if err != nil {
-		return fatal("%v", err)
+		return fatal("%w", err)
 	}
 	_, err = r.complete(ctx, j, u, res)
 	return err
@@ -611,7 +610,7 @@ func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u 
 func (r *DataUploadReconciler) uploadOptions(ctx context.Context, j *uploadJob, vmb *VMBackup, u *unstructured.Unstructured) (mover.UploadOptions, error) {
 	disks, sizes, err := parseDisks(vmb.Annotations[AnnotationDisks])
 	if err != nil {
-		return mover.UploadOptions{}, fatal("VirtualMachineBackup %s: %v", j.key(), err)
+		return mover.UploadOptions{}, fatal("VirtualMachineBackup %s: %w", j.key(), err)
 	}
 	if included := vmb.Status.IncludedVolumes; len(included) > 0 {
 		want := map[string]bool{}
