@@ -88,7 +88,8 @@ func (r *Repository) resolveChain(ctx context.Context, backup string, vm catalog
 		return nil, fmt.Errorf("backup %s: %w", backup, err)
 	}
 	if ids := catalog.IDs(chain); !slices.Equal(ids, vmm.CheckpointChain) {
-		return nil, fmt.Errorf("backup %s of %s: manifest lists chain %v, the index %v", backup, vm, vmm.CheckpointChain, ids)
+		return nil, fmt.Errorf("backup %s: %w", backup, &catalog.ChainError{VM: vm, Checkpoint: entry.CheckpointID,
+			Reason: fmt.Sprintf("the backup's manifest lists chain %v, the index %v", vmm.CheckpointChain, ids)})
 	}
 	return chain, nil
 }

@@ -72,6 +72,18 @@ func isFatal(err error) bool {
 	return errors.As(err, &fat)
 }
 
+// apiFailure wraps the failure of a request to the API server. A request
+// the server refuses as invalid (a bad storage class name, a pod spec it
+// rejects) fails the operation; anything else — a conflict, a timeout,
+// throttling, an unavailable server or webhook — is retried with backoff.
+func apiFailure(err error, format string, args ...any) error {
+	wrapped := fmt.Errorf(format+": %w", append(args, err)...)
+	if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
+		return &errFatal{err: wrapped}
+	}
+	return wrapped
+}
+
 // availableLocation finds the named location and requires it Available;
 // a missing location is fatal, an unavailable one is waited for.
 func availableLocation(ctx context.Context, c client.Reader, namespace, name string, poll time.Duration) (*velerov1.BackupStorageLocation, error) {

@@ -20,7 +20,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
 )
 
@@ -42,6 +44,16 @@ type DataDownloadReconciler struct {
 	Recorder record.EventRecorder
 	Config   Config
 	Now      func() time.Time
+	// openRepository opens a location's repository for the controller's
+	// own reads; nil opens its bucket. Tests replace it.
+	openRepository func(*location) (*backup.Repository, error)
+}
+
+func (r *DataDownloadReconciler) open(l *location) (*backup.Repository, error) {
+	if r.openRepository != nil {
+		return r.openRepository(l)
+	}
+	return l.open()
 }
 
 type downloadJob struct {
@@ -177,6 +189,16 @@ func (r *DataDownloadReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	return res, nil
 }
 
+// unrestorable reports whether the store says for good that the backup
+// cannot be restored: it does not hold it, a document its index names is
+// missing, or what it holds is not a valid chain. A store that could not
+// be read is worth a retry.
+func unrestorable(err error) bool {
+	var chainErr *catalog.ChainError
+	return backup.IsNotFound(err) || errors.Is(err, objectstore.ErrNotFound) ||
+		errors.As(err, &chainErr) || errors.Is(err, catalog.ErrTooNew)
+}
+
 func downloadPhaseName(p velerov2.DataDownloadPhase) string {
 	if p == "" {
 		return string(velerov2.DataDownloadPhaseNew)
@@ -203,13 +225,16 @@ func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) er
 	if err != nil {
 		return waitFor("BackupStorageLocationUnavailable", r.Config.PollInterval, "waiting: %v", err)
 	}
-	repo, err := loc.open()
+	repo, err := r.open(loc)
 	if err != nil {
 		return fatal("%w", err)
 	}
 	chain, err := repo.ResolveChain(ctx, j.backup, j.vm)
 	if err != nil {
-		return fatal("backup %s of %s: %w", j.backup, j.vm, err)
+		if unrestorable(err) {
+			return fatal("backup %s of %s: %w", j.backup, j.vm, err)
+		}
+		return fmt.Errorf("backup %s of %s: %w", j.backup, j.vm, err)
 	}
 	for _, c := range chain {
 		found := false
@@ -221,14 +246,14 @@ func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) er
 		}
 	}
 	if err := r.Client.Create(ctx, credentialsSecret(j.meta(), loc.credentials)); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("copy the location's credentials to %s: %w", j.key(), err)
+		return apiFailure(err, "copy the location's credentials to %s", j.key())
 	}
 	opts := mover.RestoreOptions{VM: j.vm, Backup: j.backup, Disk: j.disk, Target: restoreTarget(target),
 		WorkDir: PodWorkDir, Credentials: credentialsFile(), BSL: loc.manifest,
 		Progress: mover.ObjectRef{Namespace: j.dd.Namespace, Name: j.dd.Name}}
 	pod := r.Config.restorePod(j.meta(), j.name, target, opts.Args(), opts.Env())
 	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create restore pod %s: %w", j.key(), err)
+		return apiFailure(err, "create restore pod %s", j.key())
 	}
 	msg := fmt.Sprintf("restore pod %s writes disk %s from a chain of %d into %s", j.key(), j.disk, len(chain), tkey)
 	return r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "Prepared", msg, func(s *velerov2.DataDownloadStatus) {

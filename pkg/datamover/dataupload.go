@@ -63,6 +63,16 @@ type DataUploadReconciler struct {
 	Recorder record.EventRecorder
 	Config   Config
 	Now      func() time.Time
+	// openRepository opens a location's repository for the controller's
+	// own reads; nil opens its bucket. Tests replace it.
+	openRepository func(*location) (*backup.Repository, error)
+}
+
+func (r *DataUploadReconciler) open(l *location) (*backup.Repository, error) {
+	if r.openRepository != nil {
+		return r.openRepository(l)
+	}
+	return l.open()
 }
 
 // uploadJob is a DataUpload and the names of what it creates.
@@ -361,7 +371,7 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	}
 	disks, err := vmDisks(ctx, r.Reader, vm)
 	if err != nil {
-		return fatal("%w", err)
+		return err
 	}
 	tracker, err := r.ensureTracker(ctx, j)
 	if err != nil {
@@ -371,7 +381,7 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	if err != nil {
 		return waitFor("BackupStorageLocationUnavailable", r.Config.PollInterval, "waiting: %v", err)
 	}
-	repo, err := loc.open()
+	repo, err := r.open(loc)
 	if err != nil {
 		return fatal("%w", err)
 	}
@@ -457,7 +467,7 @@ func (r *DataUploadReconciler) ensureTracker(ctx context.Context, j *uploadJob) 
 		return nil, err
 	}
 	if err := r.Client.Create(ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("create VirtualMachineBackupTracker %s: %w", key, err)
+		return nil, apiFailure(err, "create VirtualMachineBackupTracker %s", key)
 	}
 	r.Recorder.Eventf(j.du, corev1.EventTypeNormal, "TrackerCreated", "created VirtualMachineBackupTracker %s: the backup is full", key)
 	return t, nil
@@ -479,7 +489,7 @@ func (r *DataUploadReconciler) createClaim(ctx context.Context, j *uploadJob, si
 		pvc.Spec.StorageClassName = &sc
 	}
 	if err := r.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create temporary volume %s: %w", j.key(), err)
+		return apiFailure(err, "create temporary volume %s", j.key())
 	}
 	return nil
 }
@@ -505,7 +515,7 @@ func (r *DataUploadReconciler) createVMBackup(ctx context.Context, j *uploadJob,
 		return err
 	}
 	if err := r.Client.Create(ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create VirtualMachineBackup %s: %w", j.key(), err)
+		return apiFailure(err, "create VirtualMachineBackup %s", j.key())
 	}
 	return nil
 }
@@ -595,11 +605,11 @@ func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u 
 	}
 	opts.BSL = loc.manifest
 	if err := r.Client.Create(ctx, credentialsSecret(j.meta(), loc.credentials)); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("copy the location's credentials to %s: %w", j.key(), err)
+		return apiFailure(err, "copy the location's credentials to %s", j.key())
 	}
 	pod := r.Config.uploadPod(j.meta(), j.name, j.name, opts.Args(), opts.Env())
 	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create upload pod %s: %w", j.key(), err)
+		return apiFailure(err, "create upload pod %s", j.key())
 	}
 	r.Recorder.Eventf(j.du, corev1.EventTypeNormal, "UploadPodCreated", "upload pod %s created for %s checkpoint %s", j.key(), opts.Type, opts.Checkpoint)
 	return nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,7 +28,7 @@ func backupOverhead(total int64) int64 { return total/100 + 64<<20 }
 // the store, which is what a DataDownload's target volume names.
 func vmDisks(ctx context.Context, r client.Reader, vm *kubevirtv1.VirtualMachine) ([]vmDisk, error) {
 	if vm.Spec.Template == nil {
-		return nil, fmt.Errorf("VirtualMachine %s/%s has no template", vm.Namespace, vm.Name)
+		return nil, fatal("VirtualMachine %s/%s has no template", vm.Namespace, vm.Name)
 	}
 	var disks []vmDisk
 	for _, v := range vm.Spec.Template.Spec.Volumes {
@@ -47,24 +48,29 @@ func vmDisks(ctx context.Context, r client.Reader, vm *kubevirtv1.VirtualMachine
 		disks = append(disks, vmDisk{Disk: mover.Disk{Volume: v.Name, Name: claim}, Size: size})
 	}
 	if len(disks) == 0 {
-		return nil, fmt.Errorf("VirtualMachine %s/%s has no volume backed by a claim", vm.Namespace, vm.Name)
+		return nil, fatal("VirtualMachine %s/%s has no volume backed by a claim", vm.Namespace, vm.Name)
 	}
 	return disks, nil
 }
 
 // claimSize is a claim's capacity, or what it requests while unbound, or
-// what the VM's DataVolume template asks for before the claim exists.
+// what the VM's DataVolume template asks for before the claim exists. A
+// claim that has no size, or that neither exists nor has a template, is
+// fatal; a failed read is not.
 func claimSize(ctx context.Context, r client.Reader, vm *kubevirtv1.VirtualMachine, name string) (resource.Quantity, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: vm.Namespace, Name: name}, pvc)
-	if err == nil {
+	switch {
+	case err == nil:
 		if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok {
 			return q, nil
 		}
 		if q, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
 			return q, nil
 		}
-		return resource.Quantity{}, fmt.Errorf("claim %s has no size", name)
+		return resource.Quantity{}, fatal("claim %s has no size", name)
+	case !apierrors.IsNotFound(err):
+		return resource.Quantity{}, fmt.Errorf("get claim %s: %w", name, err)
 	}
 	for _, t := range vm.Spec.DataVolumeTemplates {
 		if t.Name != name {
@@ -81,7 +87,7 @@ func claimSize(ctx context.Context, r client.Reader, vm *kubevirtv1.VirtualMachi
 			}
 		}
 	}
-	return resource.Quantity{}, fmt.Errorf("claim %s: %w", name, err)
+	return resource.Quantity{}, fatal("claim %s: %w", name, err)
 }
 
 // backupVolumeSize is the temporary volume's size for a full backup of the
