@@ -19,7 +19,9 @@
 # changes (its //go:generate mockgen line).
 # The operator's manifests (manifests/generated, tools/resource-generator):
 # the KubeVirt CRD in them carries the configuration's schema, and the API
-# server drops fields a CRD's schema lacks.
+# server drops fields a CRD's schema lacks. The metrics reference,
+# docs/observability/metrics.md (tools/doc-generator), as the series adds
+# metrics.
 # Not regenerated, because nothing the series changes feeds them:
 # clientsets (no new kinds), protobuf, the OLM CSV and examples.
 set -euo pipefail
@@ -284,6 +286,12 @@ generate_manifests() {
 		>"${KUBEVIRT_TREE}/${dir}/rbac-operator.authorization.k8s.yaml.in"
 }
 
+# The same doc-generator call as hack/generate.sh.
+generate_metrics_docs() {
+	log "doc-generator (docs/observability/metrics.md)"
+	(cd "${KUBEVIRT_TREE}/docs/observability" && "${TREE_BIN}/doc-generator" >metrics.md)
+}
+
 # kubevirt.io/api/apitesting round-trips fuzzed objects through fixtures;
 # hack/update-generated-api-testdata.sh rewrites the HEAD ones.
 generate_api_testdata() {
@@ -368,6 +376,8 @@ generate() {
 	# resource-generator links the CRD validations generated above.
 	build_tree_tool resource-generator
 	generate_manifests
+	build_tree_tool doc-generator
+	generate_metrics_docs
 	generate_api_testdata
 	generate_launcher_deepcopy
 	generate_mocks
