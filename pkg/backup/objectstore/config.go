@@ -2,9 +2,11 @@ package objectstore
 
 import (
 	"bufio"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -12,9 +14,9 @@ import (
 )
 
 // Config locates a bucket the way a Velero BackupStorageLocation of the aws
-// provider does: spec.objectStorage.{bucket,prefix} and spec.config.{region,
-// s3Url,s3ForcePathStyle,profile,insecureSkipTLSVerify}, with the
-// credentials in a file of the AWS shared-credentials format, as Velero's
+// provider does: spec.objectStorage.{bucket,prefix,caCert} and
+// spec.config.{region,s3Url,s3ForcePathStyle,profile,insecureSkipTLSVerify},
+// with the credentials in the AWS shared-credentials format, as Velero's
 // credentials secret holds them.
 type Config struct {
 	Bucket string
@@ -27,9 +29,17 @@ type Config struct {
 	S3URL                 string
 	S3ForcePathStyle      bool
 	InsecureSkipTLSVerify bool
+	// CACert is a PEM bundle of certificate authorities trusted for the
+	// endpoint besides the system's (spec.objectStorage.caCert), as
+	// Velero's aws plugin trusts them.
+	CACert []byte
 	// Profile names the section of the credentials file; empty means
 	// "default".
 	Profile string
+	// CredentialsData is the content of a credentials file in AWS
+	// shared-credentials format, held in memory; it is used instead of
+	// CredentialsFile.
+	CredentialsData []byte
 	// CredentialsFile is in AWS shared-credentials format.
 	CredentialsFile string
 	// PartSize is the multipart chunk; it bounds upload memory. Zero
@@ -56,6 +66,7 @@ type bslObject struct {
 		ObjectStorage struct {
 			Bucket string `json:"bucket"`
 			Prefix string `json:"prefix"`
+			CACert []byte `json:"caCert"`
 		} `json:"objectStorage"`
 		Config map[string]string `json:"config"`
 	} `json:"spec"`
@@ -77,7 +88,22 @@ func LoadBSL(path, credentialsFile string) (Config, error) {
 	return cfg, nil
 }
 
-// ParseBSL decodes a BackupStorageLocation manifest.
+// configKeys are the keys of spec.config that a location may hold: those
+// Config reads, and those of Velero's aws plugin that change nothing the
+// datamover does. Any other key (kmsKeyId, serverSideEncryption, tagging,
+// checksumAlgorithm, …) asks for something the datamover would not do, and
+// a misspelt key for something nobody does: the location is refused.
+var configKeys = map[string]bool{
+	"region": true, "s3Url": true, "s3ForcePathStyle": true, "profile": true, "insecureSkipTLSVerify": true,
+	// Velero's signed download URLs use it; the datamover makes none.
+	"publicUrl": true,
+	// Only "4" (checked below): the datamover signs with version 4.
+	"signatureVersion": true,
+}
+
+// ParseBSL decodes a BackupStorageLocation manifest. It refuses keys of
+// spec.config it does not understand, naming them, and a caCert that holds
+// no PEM certificate.
 func ParseBSL(data []byte) (Config, error) {
 	var obj bslObject
 	if err := yaml.Unmarshal(data, &obj); err != nil {
@@ -89,12 +115,21 @@ func ParseBSL(data []byte) (Config, error) {
 	if p := obj.Spec.Provider; p != "" && p != "aws" && p != "velero.io/aws" {
 		return Config{}, fmt.Errorf("provider %q is not S3-compatible (want aws)", p)
 	}
+	if err := checkConfigKeys(obj.Spec.Config); err != nil {
+		return Config{}, err
+	}
 	cfg := Config{
 		Bucket:  obj.Spec.ObjectStorage.Bucket,
 		Prefix:  obj.Spec.ObjectStorage.Prefix,
+		CACert:  obj.Spec.ObjectStorage.CACert,
 		Region:  obj.Spec.Config["region"],
 		S3URL:   obj.Spec.Config["s3Url"],
 		Profile: obj.Spec.Config["profile"],
+	}
+	if len(cfg.CACert) > 0 {
+		if _, err := certPool(cfg.CACert); err != nil {
+			return Config{}, err
+		}
 	}
 	var err error
 	if cfg.S3ForcePathStyle, err = parseBool(obj.Spec.Config, "s3ForcePathStyle"); err != nil {
@@ -107,6 +142,53 @@ func ParseBSL(data []byte) (Config, error) {
 		return Config{}, fmt.Errorf("spec.objectStorage.bucket is empty")
 	}
 	return cfg, nil
+}
+
+func checkConfigKeys(config map[string]string) error {
+	var unknown []string
+	for k := range config {
+		if !configKeys[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		known := make([]string, 0, len(configKeys))
+		for k := range configKeys {
+			known = append(known, k)
+		}
+		sort.Strings(known)
+		what := "key %s is"
+		if len(unknown) > 1 {
+			what = "keys %s are"
+		}
+		return fmt.Errorf("spec.config: "+what+" not supported by the KubeVirt datamover (it understands %s)",
+			quoteAll(unknown), strings.Join(known, ", "))
+	}
+	if v := config["signatureVersion"]; v != "" && v != "4" {
+		return fmt.Errorf("spec.config.signatureVersion: %q is not supported by the KubeVirt datamover: it signs with version 4", v)
+	}
+	return nil
+}
+
+func quoteAll(keys []string) string {
+	q := make([]string, len(keys))
+	for i, k := range keys {
+		q[i] = strconv.Quote(k)
+	}
+	return strings.Join(q, ", ")
+}
+
+// certPool is the system's trusted authorities and those of a PEM bundle.
+func certPool(caCert []byte) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(caCert) {
+		return nil, fmt.Errorf("spec.objectStorage.caCert: no PEM certificate in %d bytes", len(caCert))
+	}
+	return pool, nil
 }
 
 func parseBool(config map[string]string, key string) (bool, error) {

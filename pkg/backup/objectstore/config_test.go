@@ -1,6 +1,7 @@
 package objectstore_test
 
 import (
+	"encoding/base64"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -48,7 +49,35 @@ var _ = Describe("backup storage location", func() {
 		Entry("no bucket", "spec:\n  provider: aws\n", "spec.objectStorage.bucket is empty"),
 		Entry("a flag that is no boolean", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    s3ForcePathStyle: maybe\n", "spec.config.s3ForcePathStyle"),
 		Entry("another kind", "kind: Backup\nspec:\n  objectStorage:\n    bucket: b\n", "want BackupStorageLocation"),
+		Entry("a config key of the aws plugin it does not honour", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    region: r\n    kmsKeyId: alias/backups\n",
+			`spec.config: key "kmsKeyId" is not supported by the KubeVirt datamover (it understands insecureSkipTLSVerify, profile, publicUrl, region, s3ForcePathStyle, s3Url, signatureVersion)`),
+		Entry("misspelt config keys", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    s3URL: https://s3.example.test\n    regoin: r\n",
+			`spec.config: keys "regoin", "s3URL" are not supported`),
+		Entry("signature version 1", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    signatureVersion: \"1\"\n",
+			`spec.config.signatureVersion: "1" is not supported by the KubeVirt datamover: it signs with version 4`),
+		Entry("a caCert that holds no certificate", "spec:\n  objectStorage:\n    bucket: b\n    caCert: bm90IGEgY2VydGlmaWNhdGU=\n",
+			"spec.objectStorage.caCert: no PEM certificate in 17 bytes"),
 	)
+
+	It("reads the location's CA bundle and the aws plugin's keys that change nothing here", func() {
+		cfg, err := objectstore.ParseBSL([]byte("spec:\n  objectStorage:\n    bucket: b\n    caCert: " +
+			base64.StdEncoding.EncodeToString([]byte(testCA)) + "\n  config:\n    s3Url: https://s3.example.test\n" +
+			"    publicUrl: https://public.example.test\n    signatureVersion: \"4\"\n"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(cfg.CACert)).To(Equal(testCA))
+		_, err = objectstore.NewS3(cfg)
+		Expect(err).NotTo(HaveOccurred())
+	})
+
+	It("takes credentials from memory", func() {
+		cfg := objectstore.Config{Bucket: "b", S3URL: "http://127.0.0.1:9000", Profile: "backup",
+			CredentialsData: []byte("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")}
+		_, err := objectstore.NewS3(cfg)
+		Expect(err).To(MatchError(`credentials: profile "backup" not found`))
+		cfg.Profile = ""
+		_, err = objectstore.NewS3(cfg)
+		Expect(err).NotTo(HaveOccurred())
+	})
 
 	DescribeTable("reads a profile of an AWS credentials file",
 		func(file, profile string, want objectstore.Credentials, message string) {
@@ -87,3 +116,16 @@ var _ = Describe("backup storage location", func() {
 		Entry("a path", "http://127.0.0.1:9000/bucket", "without a path"),
 	)
 })
+
+// testCA is a self-signed certificate authority (ECDSA P-256).
+const testCA = `-----BEGIN CERTIFICATE-----
+MIIBcDCCARWgAwIBAgIBATAKBggqhkjOPQQDAjAeMRwwGgYDVQQDExNvYmplY3Rz
+dG9yZSB0ZXN0IENBMCAXDTI1MDEwMTAwMDAwMFoYDzIxMjUwMTAxMDAwMDAwWjAe
+MRwwGgYDVQQDExNvYmplY3RzdG9yZSB0ZXN0IENBMFkwEwYHKoZIzj0CAQYIKoZI
+zj0DAQcDQgAELeqx8lWwEqXA/MDmQbC37O+dYUEoZM7NqVbXDXWsXjERNI9GoNMc
+sSZsPUJwgwDICu8kH6jgXKQ6SG/8kYSfaqNCMEAwDgYDVR0PAQH/BAQDAgIEMA8G
+A1UdEwEB/wQFMAMBAf8wHQYDVR0OBBYEFBKwgHZuN8ji6HlT2GIr0fXE0scUMAoG
+CCqGSM49BAMCA0kAMEYCIQCckn51kRPRnq78NTroS/iUF7cmB2EoiZLmsP99h/ZE
+kAIhAK9G9pl/CSibJRq8Y0gh9HHzuVmXTxj2Yr9cjElT9TOw
+-----END CERTIFICATE-----
+`

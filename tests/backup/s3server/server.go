@@ -6,8 +6,16 @@ package s3server
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -27,7 +35,11 @@ type Server struct {
 	Root string
 	// Log is the server's output.
 	Log string
-	cmd *exec.Cmd
+	// CACert is the PEM certificate of the authority that signed the
+	// server's certificate when it serves HTTPS (StartTLS); no system
+	// trusts it.
+	CACert []byte
+	cmd    *exec.Cmd
 	// done is closed when the process has exited.
 	done chan struct{}
 }
@@ -48,12 +60,26 @@ func Binary(ctx context.Context, repoRoot string) (string, error) {
 // Start runs binary storing under dir and waits until it accepts
 // connections.
 func Start(ctx context.Context, binary, dir string) (*Server, error) {
+	return start(ctx, binary, dir, false)
+}
+
+// StartTLS is Start serving HTTPS with a certificate for 127.0.0.1 signed
+// by a certificate authority made for this server (Server.CACert).
+func StartTLS(ctx context.Context, binary, dir string) (*Server, error) {
+	return start(ctx, binary, dir, true)
+}
+
+func start(ctx context.Context, binary, dir string, useTLS bool) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
+	scheme := "http"
+	if useTLS {
+		scheme = "https"
+	}
 	s := &Server{
-		URL:       fmt.Sprintf("http://127.0.0.1:%d", port),
+		URL:       fmt.Sprintf("%s://127.0.0.1:%d", scheme, port),
 		AccessKey: "backuptest",
 		SecretKey: "backuptest-secret",
 		Root:      filepath.Join(dir, "buckets"),
@@ -68,7 +94,15 @@ func Start(ctx context.Context, binary, dir string) (*Server, error) {
 		return nil, fmt.Errorf("s3 server: %w", err)
 	}
 	defer logFile.Close()
-	s.cmd = exec.Command(binary, "--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet", "posix", s.Root)
+	args := []string{"--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet"}
+	if useTLS {
+		cert, key, err := s.makeCertificates(dir)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--cert", cert, "--key", key)
+	}
+	s.cmd = exec.Command(binary, append(args, "posix", s.Root)...)
 	s.cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY_ID="+s.AccessKey, "ROOT_SECRET_ACCESS_KEY="+s.SecretKey)
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	if err := s.cmd.Start(); err != nil {
@@ -134,14 +168,21 @@ func (s *Server) WriteCredentials(dir string) (string, error) {
 	return path, nil
 }
 
-// Config is a BSL configuration for bucket on this server.
+// Config is a BSL configuration for bucket on this server, trusting its
+// certificate authority when it serves HTTPS.
 func (s *Server) Config(bucket, prefix, credentials string) objectstore.Config {
 	return objectstore.Config{Bucket: bucket, Prefix: prefix, Region: "us-east-1", S3URL: s.URL,
-		S3ForcePathStyle: true, CredentialsFile: credentials}
+		S3ForcePathStyle: true, CredentialsFile: credentials, CACert: s.CACert}
 }
 
-// BSL is a BackupStorageLocation manifest for bucket on this server.
+// BSL is a BackupStorageLocation manifest for bucket on this server, with
+// its certificate authority in spec.objectStorage.caCert when it serves
+// HTTPS.
 func (s *Server) BSL(bucket, prefix string) string {
+	caCert := ""
+	if len(s.CACert) > 0 {
+		caCert = "\n    caCert: " + base64.StdEncoding.EncodeToString(s.CACert)
+	}
 	return fmt.Sprintf(`apiVersion: velero.io/v1
 kind: BackupStorageLocation
 metadata:
@@ -151,12 +192,63 @@ spec:
   provider: aws
   objectStorage:
     bucket: %s
-    prefix: %s
+    prefix: %s%s
   config:
     region: us-east-1
     s3Url: %s
     s3ForcePathStyle: "true"
-`, bucket, prefix, s.URL)
+`, bucket, prefix, caCert, s.URL)
+}
+
+// makeCertificates makes a certificate authority (kept in s.CACert) and a
+// server certificate for 127.0.0.1 it signs, and writes the server's
+// certificate and key under dir.
+func (s *Server) makeCertificates(dir string) (certFile, keyFile string, err error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", fmt.Errorf("s3 server: CA key: %w", err)
+	}
+	now := time.Now()
+	caTemplate := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "s3server test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign, BasicConstraintsValid: true, IsCA: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTemplate, caTemplate, &caKey.PublicKey, caKey)
+	if err != nil {
+		return "", "", fmt.Errorf("s3 server: CA certificate: %w", err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return "", "", fmt.Errorf("s3 server: CA certificate: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", fmt.Errorf("s3 server: key: %w", err)
+	}
+	template := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, template, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return "", "", fmt.Errorf("s3 server: certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", "", fmt.Errorf("s3 server: key: %w", err)
+	}
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return "", "", fmt.Errorf("s3 server: %w", err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return "", "", fmt.Errorf("s3 server: %w", err)
+	}
+	s.CACert = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	return certFile, keyFile, nil
 }
 
 func freePort() (int, error) {

@@ -1,0 +1,69 @@
+package backup_test
+
+import (
+	"os"
+	"path/filepath"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/backup/s3server"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+var _ = Describe("an HTTPS object store signed by a private authority", func() {
+	It("is trusted through the location's caCert, and refused without it with the x509 error", func(ctx SpecContext) {
+		srv, err := s3server.StartTLS(ctx, s3Binary, GinkgoT().TempDir())
+		framework.Require(err, "the S3 server (versitygw) over HTTPS")
+		DeferCleanup(srv.Stop)
+		work := GinkgoT().TempDir()
+		credsFile, err := srv.WriteCredentials(work)
+		Expect(err).NotTo(HaveOccurred())
+		creds, err := os.ReadFile(credsFile)
+		Expect(err).NotTo(HaveOccurred())
+
+		By("the location's caCert, credentials in memory as the controller holds them")
+		cfg, err := objectstore.ParseBSL([]byte(srv.BSL("backups", "velero")))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cfg.CACert).To(Equal(srv.CACert))
+		Expect(cfg.S3URL).To(HavePrefix("https://"))
+		cfg.CredentialsData = creds
+		store, err := objectstore.NewS3(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(store.CreateBucket(ctx)).To(Succeed())
+		Expect(store.Check(ctx)).To(Succeed())
+
+		By("a backup and its restore over HTTPS")
+		repo, err := backup.Open(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		hv, err := backuptest.New(ctx, GinkgoT().TempDir(), 32*mib)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(hv.Write(ctx, 0, 8*mib, 0x5a)).To(Succeed())
+		vm := catalog.VM{Namespace: "prod", Name: "db"}
+		_, err = repo.BackupVM(ctx, vm, hv, backup.BackupOptions{Backup: "mon", WorkDir: work})
+		Expect(err).NotTo(HaveOccurred())
+		expected := filepath.Join(work, "expected.raw")
+		Expect(hv.Snapshot(ctx, expected)).To(Succeed())
+		target := filepath.Join(work, "restored.raw")
+		_, err = repo.Restore(ctx, backup.RestoreOptions{Backup: "mon", VM: vm, Disk: "vda", Target: target, WorkDir: work})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(qcow2.Tool{}.Compare(ctx, target, qcow2.FormatRaw, expected, "")).To(BeTrue())
+
+		By("the same location without caCert")
+		cfg.CACert = nil
+		untrusted, err := objectstore.NewS3(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		err = untrusted.Check(ctx)
+		Expect(err).To(MatchError(ContainSubstring("x509: certificate signed by unknown authority")))
+		Expect(err).To(MatchError(ContainSubstring("spec.objectStorage.caCert")))
+		repo, err = backup.Open(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = repo.Index(ctx, vm)
+		Expect(err).To(MatchError(ContainSubstring("x509: certificate signed by unknown authority")))
+	})
+})
