@@ -4,8 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
+	"time"
 
 	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
 )
 
 // Velero's default credentials secret, used when a location names none.
@@ -32,11 +30,15 @@ type location struct {
 }
 
 // bslManifest renders what a pod needs of a location: provider, bucket,
-// prefix and config, no status or metadata.
+// prefix, CA bundle and config, no status or metadata.
 func bslManifest(bsl *velerov1.BackupStorageLocation) ([]byte, error) {
 	spec := map[string]any{"provider": bsl.Spec.Provider, "config": bsl.Spec.Config}
 	if os := bsl.Spec.ObjectStorage; os != nil {
-		spec["objectStorage"] = map[string]string{"bucket": os.Bucket, "prefix": os.Prefix}
+		storage := map[string]any{"bucket": os.Bucket, "prefix": os.Prefix}
+		if len(os.CACert) > 0 {
+			storage["caCert"] = os.CACert
+		}
+		spec["objectStorage"] = storage
 	}
 	data, err := json.Marshal(map[string]any{
 		"apiVersion": velerov1.SchemeGroupVersion.String(), "kind": "BackupStorageLocation",
@@ -53,11 +55,13 @@ func bslManifest(bsl *velerov1.BackupStorageLocation) ([]byte, error) {
 }
 
 // loadLocation reads the location's credentials secret. The location must
-// have been found Available.
-func loadLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStorageLocation) (*location, error) {
+// have been found Available. A location the datamover cannot use (another
+// provider, a config key it does not understand, a caCert without a
+// certificate) is fatal; missing credentials are waited for.
+func loadLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStorageLocation, poll time.Duration) (*location, error) {
 	manifest, err := bslManifest(bsl)
 	if err != nil {
-		return nil, err
+		return nil, fatal("%w", err)
 	}
 	name, key := defaultCredentialsSecret, defaultCredentialsKey
 	if c := bsl.Spec.Credential; c != nil {
@@ -65,27 +69,27 @@ func loadLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStor
 	}
 	secret := &corev1.Secret{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: bsl.Namespace, Name: name}, secret); err != nil {
-		return nil, fmt.Errorf("credentials of backup storage location %s: %w", bsl.Name, err)
+		return nil, waitFor("BackupStorageLocationUnavailable", poll, "waiting: credentials of backup storage location %s: %v", bsl.Name, err)
 	}
 	creds, ok := secret.Data[key]
 	if !ok {
-		return nil, fmt.Errorf("credentials of backup storage location %s: secret %s has no key %q", bsl.Name, name, key)
+		return nil, waitFor("BackupStorageLocationUnavailable", poll, "waiting: credentials of backup storage location %s: secret %s has no key %q", bsl.Name, name, key)
 	}
 	return &location{bsl: bsl, manifest: manifest, credentials: creds}, nil
 }
 
 // open returns a repository on the location for the controller's own reads
-// (planning, checking a chain). The S3 client reads the credentials when it
-// is made, so they only pass through a private temporary file.
+// (planning, checking a chain). The credentials stay in memory: the
+// controller writes no file (its root file system is read-only).
 func (l *location) open() (*backup.Repository, error) {
-	dir, err := os.MkdirTemp("", "datamover-bsl-")
+	cfg, err := objectstore.ParseBSL(l.manifest)
 	if err != nil {
 		return nil, fmt.Errorf("backup storage location %s: %w", l.bsl.Name, err)
 	}
-	defer os.RemoveAll(dir)
-	file := filepath.Join(dir, "credentials")
-	if err := os.WriteFile(file, l.credentials, 0o600); err != nil {
+	cfg.CredentialsData = l.credentials
+	repo, err := backup.Open(cfg)
+	if err != nil {
 		return nil, fmt.Errorf("backup storage location %s: %w", l.bsl.Name, err)
 	}
-	return mover.Repository(l.manifest, file)
+	return repo, nil
 }

@@ -221,9 +221,9 @@ func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) er
 		}
 		return fmt.Errorf("get target claim %s: %w", tkey, err)
 	}
-	loc, err := loadLocation(ctx, r.Reader, bsl)
+	loc, err := loadLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
 	if err != nil {
-		return waitFor("BackupStorageLocationUnavailable", r.Config.PollInterval, "waiting: %v", err)
+		return err
 	}
 	repo, err := r.open(loc)
 	if err != nil {

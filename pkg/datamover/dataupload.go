@@ -377,9 +377,9 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	if err != nil {
 		return err
 	}
-	loc, err := loadLocation(ctx, r.Reader, bsl)
+	loc, err := loadLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
 	if err != nil {
-		return waitFor("BackupStorageLocationUnavailable", r.Config.PollInterval, "waiting: %v", err)
+		return err
 	}
 	repo, err := r.open(loc)
 	if err != nil {
@@ -599,9 +599,9 @@ func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u 
 	if err != nil {
 		return err
 	}
-	loc, err := loadLocation(ctx, r.Reader, bsl)
+	loc, err := loadLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
 	if err != nil {
-		return waitFor("BackupStorageLocationUnavailable", r.Config.PollInterval, "waiting: %v", err)
+		return err
 	}
 	opts.BSL = loc.manifest
 	if err := r.Client.Create(ctx, credentialsSecret(j.meta(), loc.credentials)); err != nil && !apierrors.IsAlreadyExists(err) {

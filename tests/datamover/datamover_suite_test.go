@@ -41,6 +41,7 @@ const (
 )
 
 var (
+	s3Binary string
 	k8s      client.Client
 	scheme   *runtime.Scheme
 	s3       *s3server.Server
@@ -50,7 +51,8 @@ var (
 )
 
 var _ = BeforeSuite(func(ctx context.Context) {
-	s3Binary, err := s3server.Binary(ctx, framework.RepoRoot())
+	var err error
+	s3Binary, err = s3server.Binary(ctx, framework.RepoRoot())
 	framework.Require(err, "the S3 server build (hack/s3-server.sh)")
 	_, err = exec.LookPath("qemu-img")
 	framework.Require(err, "qemu-img")

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/backup/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -207,6 +208,34 @@ var _ = Describe("DataUpload", func() {
 		Eventually(dataUploadPhase(ctx, du)).WithTimeout(time.Minute).Should(Equal(velerov2.DataUploadPhaseFailed))
 		Expect(getDataUpload(ctx, du).Status.Message).To(Equal("timed out after 3s in phase Accepted"))
 		expectTemporariesGone(ctx, du)
+	})
+
+	It("backs up to an HTTPS store through the location's caCert, and names the x509 error without it", func(ctx context.Context) {
+		srv, err := s3server.StartTLS(ctx, s3Binary, GinkgoT().TempDir())
+		framework.Require(err, "the S3 server (versitygw) over HTTPS")
+		DeferCleanup(srv.Stop)
+
+		By("a location holding the authority that signed the server's certificate")
+		vm := newVM(ctx)
+		loc := newLocationOn(ctx, srv, velerov1.BackupStorageLocationPhaseAvailable, srv.CACert)
+		du := newDataUpload(ctx, vm, loc, "mon")
+		Eventually(dataUploadPhase(ctx, du)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataUploadPhaseCompleted))
+		idx, err := loc.repository().Index(ctx, vm.catalogVM())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(idx.Checkpoints).To(HaveLen(1))
+		Expect(idx.Checkpoints[0].IsComplete()).To(BeTrue())
+
+		By("a location without it")
+		other := newVM(ctx)
+		untrusted := newLocationOn(ctx, srv, velerov1.BackupStorageLocationPhaseAvailable, nil)
+		du = newDataUpload(ctx, other, untrusted, "tue")
+		Eventually(dataUploadMessage(ctx, du)).WithTimeout(time.Minute).Should(And(
+			HavePrefix("waiting: plan the backup of "+other.namespace+"/db: "),
+			ContainSubstring("x509: certificate signed by unknown authority"),
+			ContainSubstring("spec.objectStorage.caCert")))
+		Expect(getDataUpload(ctx, du).Status.Phase).To(Equal(velerov2.DataUploadPhaseAccepted))
+		updateDataUpload(ctx, du, func(d *velerov2.DataUpload) { d.Spec.Cancel = true })
+		Eventually(dataUploadPhase(ctx, du)).WithTimeout(time.Minute).Should(Equal(velerov2.DataUploadPhaseCanceled))
 	})
 })
 

@@ -24,6 +24,7 @@ import (
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/backup/s3server"
 )
 
 const diskSize = 64 << 20
@@ -87,13 +88,20 @@ func (l *location) repository() *backup.Repository {
 	return repo
 }
 
-// newLocation creates a location in the given phase ("" for none yet).
+// newLocation creates a location on the suite's S3 server in the given
+// phase ("" for none yet).
 func newLocation(ctx context.Context, phase velerov1.BackupStorageLocationPhase) *location {
+	return newLocationOn(ctx, s3, phase, s3.CACert)
+}
+
+// newLocationOn creates a location on srv whose spec.objectStorage.caCert
+// is caCert.
+func newLocationOn(ctx context.Context, srv *s3server.Server, phase velerov1.BackupStorageLocationPhase, caCert []byte) *location {
 	n := specCounter.Add(1)
 	l := &location{name: fmt.Sprintf("bsl-%d", n)}
-	creds, err := s3.WriteCredentials(GinkgoT().TempDir())
+	creds, err := srv.WriteCredentials(GinkgoT().TempDir())
 	Expect(err).NotTo(HaveOccurred())
-	l.cfg = s3.Config(fmt.Sprintf("bucket-%d", n), "cluster", creds)
+	l.cfg = srv.Config(fmt.Sprintf("bucket-%d", n), "cluster", creds)
 	store, err := objectstore.NewS3(l.cfg)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(store.CreateBucket(ctx)).To(Succeed())
@@ -102,8 +110,8 @@ func newLocation(ctx context.Context, phase velerov1.BackupStorageLocationPhase)
 		Spec: velerov1.BackupStorageLocationSpec{
 			Provider: "aws",
 			StorageType: velerov1.StorageType{ObjectStorage: &velerov1.ObjectStorageLocation{
-				Bucket: l.cfg.Bucket, Prefix: l.cfg.Prefix}},
-			Config: map[string]string{"region": "us-east-1", "s3Url": s3.URL, "s3ForcePathStyle": "true"},
+				Bucket: l.cfg.Bucket, Prefix: l.cfg.Prefix, CACert: caCert}},
+			Config: map[string]string{"region": "us-east-1", "s3Url": srv.URL, "s3ForcePathStyle": "true"},
 			Credential: &corev1.SecretKeySelector{
 				LocalObjectReference: corev1.LocalObjectReference{Name: credentialsName}, Key: "cloud"},
 		},

@@ -1,0 +1,90 @@
+package datamover
+
+import (
+	"context"
+	"path/filepath"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
+)
+
+// testCABundle is a self-signed certificate authority (ECDSA P-256).
+const testCABundle = `-----BEGIN CERTIFICATE-----
+MIIBcDCCARWgAwIBAgIBATAKBggqhkjOPQQDAjAeMRwwGgYDVQQDExNvYmplY3Rz
+dG9yZSB0ZXN0IENBMCAXDTI1MDEwMTAwMDAwMFoYDzIxMjUwMTAxMDAwMDAwWjAe
+MRwwGgYDVQQDExNvYmplY3RzdG9yZSB0ZXN0IENBMFkwEwYHKoZIzj0CAQYIKoZI
+zj0DAQcDQgAELeqx8lWwEqXA/MDmQbC37O+dYUEoZM7NqVbXDXWsXjERNI9GoNMc
+sSZsPUJwgwDICu8kH6jgXKQ6SG/8kYSfaqNCMEAwDgYDVR0PAQH/BAQDAgIEMA8G
+A1UdEwEB/wQFMAMBAf8wHQYDVR0OBBYEFBKwgHZuN8ji6HlT2GIr0fXE0scUMAoG
+CCqGSM49BAMCA0kAMEYCIQCckn51kRPRnq78NTroS/iUF7cmB2EoiZLmsP99h/ZE
+kAIhAK9G9pl/CSibJRq8Y0gh9HHzuVmXTxj2Yr9cjElT9TOw
+-----END CERTIFICATE-----
+`
+
+var _ = Describe("a backup storage location", func() {
+	var (
+		ctx context.Context
+		c   client.Client
+		bsl *velerov1.BackupStorageLocation
+	)
+	BeforeEach(func() {
+		ctx = context.Background()
+		scheme, err := NewScheme()
+		Expect(err).NotTo(HaveOccurred())
+		c = fake.NewClientBuilder().WithScheme(scheme).WithObjects(&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "velero", Name: "cloud-credentials"},
+			Data:       map[string][]byte{"cloud": []byte("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")},
+		}).Build()
+		bsl = &velerov1.BackupStorageLocation{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "velero", Name: "default"},
+			Spec: velerov1.BackupStorageLocationSpec{
+				Provider: "aws",
+				StorageType: velerov1.StorageType{ObjectStorage: &velerov1.ObjectStorageLocation{
+					Bucket: "vm-backups", Prefix: "velero", CACert: []byte(testCABundle)}},
+				Config: map[string]string{"region": "us-east-1", "s3Url": "https://s3.example.test", "s3ForcePathStyle": "true"},
+			},
+		}
+	})
+
+	It("is opened with its credentials in memory: the controller's root is read-only, without /tmp", func() {
+		GinkgoT().Setenv("TMPDIR", filepath.Join(GinkgoT().TempDir(), "no-such-directory"))
+		loc, err := loadLocation(ctx, c, bsl, time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		repo, err := loc.open()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(repo).NotTo(BeNil())
+	})
+
+	It("hands its CA bundle to the pods", func() {
+		loc, err := loadLocation(ctx, c, bsl, time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		cfg, err := objectstore.ParseBSL(loc.manifest)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(cfg.CACert)).To(Equal(testCABundle))
+	})
+
+	It("fails the operation on a config key the datamover does not understand, naming it", func() {
+		bsl.Spec.Config["serverSideEncryption"] = "AES256"
+		_, err := loadLocation(ctx, c, bsl, time.Second)
+		Expect(isFatal(err)).To(BeTrue())
+		Expect(err).To(MatchError(ContainSubstring(`backup storage location default: spec.config: key "serverSideEncryption" is not supported by the KubeVirt datamover`)))
+	})
+
+	It("waits for credentials that are not there yet", func() {
+		bsl.Spec.Credential = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "later"}, Key: "cloud"}
+		_, err := loadLocation(ctx, c, bsl, time.Second)
+		Expect(isFatal(err)).To(BeFalse())
+		var wait *errWait
+		Expect(err).To(BeAssignableToTypeOf(wait))
+		Expect(err).To(MatchError(ContainSubstring("waiting: credentials of backup storage location default")))
+	})
+})
