@@ -36,8 +36,9 @@ go-build:
 
 # OCI image layouts under _out/images, built without a container engine;
 # the same inputs give the same digests. Ours are from scratch: the hook,
-# the datamover controller, and the datamover pods' image (with qemu-img
-# and the libraries it loads on this machine). The patched KubeVirt
+# and the datamover controller and pods' images (hack/datamover-images.sh:
+# non-root, with the machine's CA bundle, the pods' with qemu-img and the
+# libraries it loads on this machine). The patched KubeVirt
 # components are the upstream images with our binaries on top, at
 # upstream's paths and modes; their bases come from KUBEVIRT_BASE:
 # "registry" (quay.io/kubevirt/<component>:v1.7.0), or a directory holding
@@ -51,15 +52,9 @@ KUBEVIRT_BASE ?=
 KUBEVIRT_OUT ?= $(OUT)/kubevirt-v1.7.0
 KUBEVIRT_COMPONENTS := virt-api virt-controller virt-handler virt-launcher
 images: go-build $(BIN)/container-disk
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -buildid=' -o $(OUT)/static/ ./cmd/datamover-controller ./cmd/datamover-upload
 	$(BIN)/oci-image --out $(OUT)/images/overlay-hook --ref $(IMAGE_REGISTRY)/overlay-hook:$(IMAGE_TAG) \
 		--file $(BIN)/overlay-hook:/usr/bin/overlay-hook:0755 --entrypoint /usr/bin/overlay-hook
-	$(BIN)/oci-image --out $(OUT)/images/datamover-controller --ref $(IMAGE_REGISTRY)/datamover-controller:$(IMAGE_TAG) \
-		--file $(OUT)/static/datamover-controller:/usr/bin/datamover-controller:0755 \
-		--entrypoint /usr/bin/datamover-controller --user 65532
-	$(BIN)/oci-image --out $(OUT)/images/datamover --ref $(IMAGE_REGISTRY)/datamover:$(IMAGE_TAG) \
-		--file $(OUT)/static/datamover-upload:/usr/bin/datamover-upload:0755 \
-		--elf $$(command -v qemu-img):/usr/bin/qemu-img:0755 --entrypoint /usr/bin/datamover-upload
+	hack/datamover-images.sh $(OUT) $(IMAGE_REGISTRY) $(IMAGE_TAG)
 	@if [[ -z "$(KUBEVIRT_BASE)" ]]; then \
 		IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/kubevirt-images.sh; exit 0; \
 	fi; \

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the datamover's two images from scratch as OCI image layouts,
+# without a container engine:
+#
+#   OUT/images/datamover-controller/   the controller, user 65532
+#   OUT/images/datamover/              the pods: datamover-upload and
+#                                      qemu-img with the libraries it loads
+#                                      here, user 107 (KubeVirt's qemu)
+#
+# Both hold this machine's CA bundle at /etc/ssl/certs/ca-certificates.crt,
+# where Go looks first, so that they reach HTTPS object stores signed by a
+# public authority; a private one comes from the location's caCert.
+# Usage: hack/datamover-images.sh OUT REGISTRY TAG
+set -euo pipefail
+
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+# Debian's ca-certificates package writes the bundle there.
+readonly CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+readonly IMAGE_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+
+build_binaries() {
+	local out=$1
+	mkdir -p "${out}/static" "${out}/bin"
+	(
+		cd "${QCOW2_ROOT}"
+		CGO_ENABLED=0 go build -trimpath -ldflags='-s -w -buildid=' -o "${out}/static/" \
+			./cmd/datamover-controller ./cmd/datamover-upload
+		go build -trimpath -o "${out}/bin/oci-image" ./cmd/oci-image
+	)
+}
+
+build_images() {
+	local out=$1 registry=$2 tag=$3 qemu_img
+	qemu_img=$(command -v qemu-img) || die "qemu-img missing: run hack/install-deps.sh"
+	"${out}/bin/oci-image" --out "${out}/images/datamover-controller" \
+		--ref "${registry}/datamover-controller:${tag}" \
+		--file "${out}/static/datamover-controller:/usr/bin/datamover-controller:0755" \
+		--file "${CA_BUNDLE}:${IMAGE_CA_BUNDLE}:0644" \
+		--entrypoint /usr/bin/datamover-controller --user 65532
+	"${out}/bin/oci-image" --out "${out}/images/datamover" \
+		--ref "${registry}/datamover:${tag}" \
+		--file "${out}/static/datamover-upload:/usr/bin/datamover-upload:0755" \
+		--elf "${qemu_img}:/usr/bin/qemu-img:0755" \
+		--file "${CA_BUNDLE}:${IMAGE_CA_BUNDLE}:0644" \
+		--entrypoint /usr/bin/datamover-upload --user 107:107
+}
+
+main() {
+	[[ $# -eq 3 ]] || die "usage: $0 OUT REGISTRY TAG"
+	local out
+	out=$(mkdir -p "$1" && cd "$1" && pwd)
+	[[ -s ${CA_BUNDLE} ]] || die "no CA bundle at ${CA_BUNDLE}: install ca-certificates or set CA_BUNDLE"
+	build_binaries "${out}"
+	build_images "${out}" "$2" "$3"
+}
+
+main "$@"

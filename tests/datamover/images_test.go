@@ -1,0 +1,71 @@
+package datamover_test
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/x509"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/ociimage"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+)
+
+// imageFiles reads the regular files of an image's file system.
+func imageFiles(img v1.Image) map[string][]byte {
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	files := map[string][]byte{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return files
+		}
+		Expect(err).NotTo(HaveOccurred())
+		if h.Typeflag == tar.TypeReg {
+			data, err := io.ReadAll(tr)
+			Expect(err).NotTo(HaveOccurred())
+			files["/"+strings.TrimPrefix(filepath.Clean("/"+h.Name), "/")] = data
+		}
+	}
+}
+
+var _ = Describe("the datamover's images", func() {
+	It("run as non-root and trust the public authorities of the machine that built them", func(ctx context.Context) {
+		const caBundle = "/etc/ssl/certs/ca-certificates.crt"
+		hostBundle, err := os.ReadFile(caBundle)
+		framework.Require(err, "the machine's CA bundle (ca-certificates)")
+		out := GinkgoT().TempDir()
+		cmd := exec.CommandContext(ctx, filepath.Join(framework.RepoRoot(), "hack", "datamover-images.sh"), out, "registry.example.com/kubevirt-qcow2", "test")
+		output, err := cmd.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "hack/datamover-images.sh: %s", output)
+
+		for name, want := range map[string]struct{ user, entrypoint string }{
+			"datamover-controller": {"65532", "/usr/bin/datamover-controller"},
+			"datamover":            {"107:107", "/usr/bin/datamover-upload"},
+		} {
+			img, err := ociimage.Load(ociimage.SourceLayout+filepath.Join(out, "images", name), v1.Platform{OS: "linux"})
+			Expect(err).NotTo(HaveOccurred())
+			cfg, err := img.ConfigFile()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(cfg.Config.User).To(Equal(want.user), name)
+			Expect(cfg.Config.Entrypoint).To(Equal([]string{want.entrypoint}), name)
+			files := imageFiles(img)
+			Expect(files).To(HaveKey(caBundle), name)
+			Expect(files[caBundle]).To(Equal(hostBundle), name)
+			pool := x509.NewCertPool()
+			Expect(pool.AppendCertsFromPEM(files[caBundle])).To(BeTrue(), name)
+			Expect(files).To(HaveKey(want.entrypoint), name)
+		}
+	}, NodeTimeout(10*time.Minute))
+})
