@@ -32,6 +32,8 @@ func run() error {
 		probes      string
 		leaderElect bool
 		pullPolicy  string
+		resources   datamover.PodResources
+		placement   struct{ nodeSelector, tolerations, groups string }
 	)
 	hostname, _ := os.Hostname()
 	flag.StringVar(&namespace, "namespace", "velero", "Velero's namespace (DataUploads, DataDownloads, locations); empty for all")
@@ -43,6 +45,13 @@ func run() error {
 	flag.DurationVar(&cfg.DefaultTimeout, "default-timeout", 4*time.Hour, "timeout when spec.operationTimeout is zero")
 	flag.IntVar(&cfg.MaxChainLength, "max-chain-length", 0, "most layers of a chain, the full base included; 0 for no cap")
 	flag.StringVar(&cfg.StorageClass, "storage-class", "", "storage class of the temporary volumes; empty for the default")
+	flag.StringVar(&resources.CPURequest, "pod-cpu-request", "", "CPU request of the upload and restore pods (e.g. 500m); empty for none")
+	flag.StringVar(&resources.MemoryRequest, "pod-memory-request", "", "memory request of the pods (e.g. 256Mi); empty for none")
+	flag.StringVar(&resources.CPULimit, "pod-cpu-limit", "", "CPU limit of the pods; empty for none")
+	flag.StringVar(&resources.MemoryLimit, "pod-memory-limit", "", "memory limit of the pods; empty for none")
+	flag.StringVar(&placement.nodeSelector, "pod-node-selector", "", "node selector of the pods: key=value[,key=value...]")
+	flag.StringVar(&placement.tolerations, "pod-tolerations", "", "tolerations of the pods: key[=value][:effect][,...]")
+	flag.StringVar(&placement.groups, "pod-supplemental-groups", "", "supplemental groups of the pods' user (107): gid[,gid...], e.g. the nodes' block device group")
 	flag.StringVar(&metrics, "metrics-bind-address", ":8080", "metrics endpoint; 0 to disable")
 	flag.StringVar(&probes, "health-probe-bind-address", ":8081", "health probe endpoint; 0 to disable")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "elect a leader among replicas")
@@ -54,6 +63,19 @@ func run() error {
 		return fmt.Errorf("-image is required")
 	}
 	cfg.ImagePullPolicy = corev1.PullPolicy(pullPolicy)
+	var err error
+	if cfg.PodResources, err = resources.Requirements(); err != nil {
+		return fmt.Errorf("-pod-*: %w", err)
+	}
+	if cfg.PodNodeSelector, err = datamover.ParseNodeSelector(placement.nodeSelector); err != nil {
+		return fmt.Errorf("-pod-node-selector: %w", err)
+	}
+	if cfg.PodTolerations, err = datamover.ParseTolerations(placement.tolerations); err != nil {
+		return fmt.Errorf("-pod-tolerations: %w", err)
+	}
+	if cfg.PodSupplementalGroups, err = datamover.ParseGroups(placement.groups); err != nil {
+		return fmt.Errorf("-pod-supplemental-groups: %w", err)
+	}
 
 	scheme, err := datamover.NewScheme()
 	if err != nil {

@@ -29,6 +29,17 @@ const (
 	volCredentials = "credentials"
 )
 
+// PodUser and PodGroup run the pods: KubeVirt's qemu user and group (107),
+// which own what a non-root virt-launcher writes (the backup's files) and
+// which KubeVirt and CDI expect to own a disk image (disk.img). The pods
+// meet the "restricted" Pod Security level: non-root, no privilege
+// escalation, every capability dropped, the runtime's seccomp profile and a
+// read-only root file system (they write only to their volumes).
+const (
+	PodUser  int64 = 107
+	PodGroup int64 = 107
+)
+
 // Config holds the controllers' settings.
 type Config struct {
 	// Identity names the controller in status.acceptedByNode.
@@ -55,6 +66,18 @@ type Config struct {
 	PollInterval time.Duration
 	// ProgressInterval is how often pods patch progress.
 	ProgressInterval time.Duration
+	// PodResources are the requests and limits of the pods' container.
+	PodResources corev1.ResourceRequirements
+	// PodNodeSelector and PodTolerations place the pods. A pod goes where
+	// its claim can be attached: a selector that excludes those nodes
+	// leaves it Pending until the operation times out.
+	PodNodeSelector map[string]string
+	PodTolerations  []corev1.Toleration
+	// PodSupplementalGroups are extra groups of the pods' user, e.g. the
+	// group owning block devices on the nodes (disk, 6) where the
+	// container runtime keeps a device's owner (see
+	// docs/datamover-controller.md).
+	PodSupplementalGroups []int64
 }
 
 func (c *Config) defaults() {
@@ -103,6 +126,17 @@ func (c *Config) pod(meta metav1.ObjectMeta, secret string, args []string, env m
 			RestartPolicy:                corev1.RestartPolicyNever,
 			ServiceAccountName:           c.PodServiceAccount,
 			AutomountServiceAccountToken: ptr.To(c.PodServiceAccount != ""),
+			NodeSelector:                 c.PodNodeSelector,
+			Tolerations:                  c.PodTolerations,
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:        ptr.To(true),
+				RunAsUser:           ptr.To(PodUser),
+				RunAsGroup:          ptr.To(PodGroup),
+				FSGroup:             ptr.To(PodGroup),
+				FSGroupChangePolicy: ptr.To(corev1.FSGroupChangeOnRootMismatch),
+				SupplementalGroups:  c.PodSupplementalGroups,
+				SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
 			Containers: []corev1.Container{{
 				Name:                     PodContainer,
 				Image:                    c.Image,
@@ -110,7 +144,13 @@ func (c *Config) pod(meta metav1.ObjectMeta, secret string, args []string, env m
 				Command:                  []string{c.Command},
 				Args:                     args,
 				Env:                      envVars,
+				Resources:                c.PodResources,
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: volCredentials, MountPath: PodCredentialsDir, ReadOnly: true},
 				},

@@ -12,6 +12,8 @@ import (
 	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
@@ -44,6 +46,45 @@ var _ = Describe("DataDownload", func() {
 		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataDownloadPhaseCompleted))
 		restored := filepath.Join(vols.dir(vm.namespace, "restored"), datamover.PodTargetFile)
 		Expect(framework.SHA256(restored)).To(Equal(must(framework.SHA256(atOld))))
+	})
+
+	It("restores into a block claim with a pod the restricted Pod Security level admits", func(ctx context.Context) {
+		vm := newVM(ctx)
+		loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+		_, err := loc.repository().BackupVM(ctx, vm.catalogVM(), vm.hv, backup.BackupOptions{Backup: "sun", WorkDir: GinkgoT().TempDir()})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "restored", Namespace: vm.namespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				VolumeMode:  ptr.To(corev1.PersistentVolumeBlock),
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
+			},
+		})).To(Succeed())
+		kubelet.holdPods(vm.namespace, true)
+		dd := newDataDownload(ctx, datamover.SnapshotID("sun", vm.namespace, vm.name), vm.namespace, "restored", loc, map[string]string{datamover.ConfigDisk: "vda"})
+		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(time.Minute).Should(Equal(velerov2.DataDownloadPhaseInProgress))
+		pod := &corev1.Pod{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: vm.namespace, Name: "kubevirt-restore-" + dd.Name}, pod)).To(Succeed())
+		Expect(pod.Spec.Containers[0].VolumeDevices).To(ConsistOf(corev1.VolumeDevice{Name: "target", DevicePath: datamover.PodTargetDevice}))
+		Expect(pod.Spec.SecurityContext.RunAsUser).To(HaveValue(Equal(datamover.PodUser)))
+
+		dd = getDataDownload(ctx, dd)
+		dd.Spec.Cancel = true
+		Expect(k8s.Update(ctx, dd)).To(Succeed())
+		Eventually(dataDownloadPhase(ctx, dd)).Should(Equal(velerov2.DataDownloadPhaseCanceled))
+	})
+
+	It("has its pods refused by the restricted level when they ask for root", func(ctx context.Context) {
+		// The admission the suite relies on is real: a pod as the
+		// controllers made them before, running as the image's user
+		// (root), is refused in the VMs' namespaces.
+		vm := newVM(ctx)
+		err := k8s.Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "as-root", Namespace: vm.namespace},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: datamover.PodContainer, Image: "datamover-upload:suite"}}},
+		})
+		Expect(err).To(MatchError(ContainSubstring(`violates PodSecurity "restricted:latest"`)))
 	})
 
 	DescribeTable("fails with a message naming what is missing",

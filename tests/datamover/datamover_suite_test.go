@@ -71,7 +71,7 @@ var _ = BeforeSuite(func(ctx context.Context) {
 	framework.Require(err, "the S3 server (versitygw)")
 	DeferCleanup(s3.Stop)
 
-	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: veleroNamespace}})).To(Succeed())
+	Expect(k8s.Create(ctx, restrictedNamespace(veleroNamespace))).To(Succeed())
 	Expect(k8s.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: credentialsName, Namespace: veleroNamespace},
 		StringData: map[string]string{"cloud": "[default]\naws_access_key_id = " + s3.AccessKey +

@@ -46,7 +46,7 @@ func (v *testVM) catalogVM() catalog.VM { return catalog.VM{Namespace: v.namespa
 func newVM(ctx context.Context) *testVM {
 	n := specCounter.Add(1)
 	v := &testVM{namespace: fmt.Sprintf("vms-%d", n), name: "db", claim: "db-rootdisk"}
-	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: v.namespace}})).To(Succeed())
+	Expect(k8s.Create(ctx, restrictedNamespace(v.namespace))).To(Succeed())
 	Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: v.claim, Namespace: v.namespace},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -74,6 +74,16 @@ func newVM(ctx context.Context) *testVM {
 	kubevirt.add(v.namespace, v.name, hv)
 	v.hv = hv
 	return v
+}
+
+// restrictedNamespace is a namespace whose pods the API server's Pod
+// Security admission holds to the "restricted" level: every pod the
+// controllers make in the suite passes the real admission.
+func restrictedNamespace(name string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+		"pod-security.kubernetes.io/enforce":         "restricted",
+		"pod-security.kubernetes.io/enforce-version": "latest",
+	}}}
 }
 
 // location is a backup storage location on its own bucket.
