@@ -2,6 +2,7 @@ package backup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -22,6 +23,9 @@ type GCOptions struct {
 	// than it (uploads in progress). Zero means DefaultGrace; negative
 	// means none (only safe when no upload runs).
 	Grace time.Duration
+	// DryRun reports what would be removed and changes nothing: no
+	// index is written, no object deleted.
+	DryRun bool
 }
 
 func (o GCOptions) grace() time.Duration {
@@ -34,7 +38,8 @@ func (o GCOptions) grace() time.Duration {
 	return o.Grace
 }
 
-// GCReport lists what garbage collection removed.
+// GCReport lists what garbage collection removed (with DryRun, what it
+// would remove).
 type GCReport struct {
 	// Checkpoints are "<ns>/<vm>/<id>" entries dropped from indexes.
 	Checkpoints []string
@@ -67,11 +72,13 @@ func (r *Repository) DeleteBackup(ctx context.Context, backup string, opts GCOpt
 	// Manifests go last: until they do, a rerun finds the backup again.
 	dir := catalog.BackupDir(backup)
 	index := catalog.BackupIndexPath(backup)
-	if err := r.deletePrefix(ctx, dir, func(o objectstore.ObjectInfo) bool { return o.Key != index }); err != nil {
-		return report, fmt.Errorf("delete backup %s: %w", backup, err)
-	}
-	if err := r.Store.Delete(ctx, index); err != nil {
-		return report, fmt.Errorf("delete backup %s: %w", backup, err)
+	if !opts.DryRun {
+		if err := r.deletePrefix(ctx, dir, func(o objectstore.ObjectInfo) bool { return o.Key != index }); err != nil {
+			return report, fmt.Errorf("delete backup %s: %w", backup, err)
+		}
+		if err := r.Store.Delete(ctx, index); err != nil {
+			return report, fmt.Errorf("delete backup %s: %w", backup, err)
+		}
 	}
 	report.Objects = append(report.Objects, dir)
 	return report, nil
@@ -110,7 +117,7 @@ func (r *Repository) collectVM(ctx context.Context, vm catalog.VM, opts GCOption
 	grace := opts.grace()
 	report := &GCReport{}
 	var dropped []string
-	idx, err := r.Catalog.UpdateVMIndex(ctx, vm, func(idx *catalog.VMIndex) error {
+	change := func(idx *catalog.VMIndex) error {
 		dropped = dropped[:0]
 		changed := false
 		if removeRef != "" {
@@ -132,7 +139,18 @@ func (r *Repository) collectVM(ctx context.Context, vm catalog.VM, opts GCOption
 			return catalog.ErrUnchanged
 		}
 		return nil
-	})
+	}
+	var idx *catalog.VMIndex
+	var err error
+	if opts.DryRun {
+		if idx, err = r.Catalog.VMIndex(ctx, vm); err == nil {
+			if err = change(idx); errors.Is(err, catalog.ErrUnchanged) {
+				err = nil
+			}
+		}
+	} else {
+		idx, err = r.Catalog.UpdateVMIndex(ctx, vm, change)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("collect %s: %w", vm, err)
 	}
@@ -173,7 +191,7 @@ func (r *Repository) collectVM(ctx context.Context, vm catalog.VM, opts GCOption
 		if !hasAnyPrefix(o.Key, droppedDirs) && now.Sub(o.LastModified) < grace {
 			continue // maybe an upload that has not begun its entry yet
 		}
-		if err := r.Store.Delete(ctx, o.Key); err != nil {
+		if err := r.delete(ctx, o.Key, opts); err != nil {
 			return report, fmt.Errorf("collect %s: %w", vm, err)
 		}
 		report.Objects = append(report.Objects, o.Key)
@@ -228,12 +246,20 @@ func (r *Repository) collectManifests(ctx context.Context, opts GCOptions) (*GCR
 		if len(parts) < 3 || withIndex[parts[1]] || now.Sub(o.LastModified) < opts.grace() {
 			continue
 		}
-		if err := r.Store.Delete(ctx, o.Key); err != nil {
+		if err := r.delete(ctx, o.Key, opts); err != nil {
 			return report, err
 		}
 		report.Objects = append(report.Objects, o.Key)
 	}
 	return report, nil
+}
+
+// delete deletes key, unless this is a dry run.
+func (r *Repository) delete(ctx context.Context, key string, opts GCOptions) error {
+	if opts.DryRun {
+		return nil
+	}
+	return r.Store.Delete(ctx, key)
 }
 
 func hasAnyPrefix(s string, prefixes []string) bool {

@@ -275,6 +275,33 @@ var _ = Describe("garbage collection", func() {
 		f.expectRestored("b4")
 	})
 
+	It("reports on a dry run what a real run then removes, and changes nothing", func() {
+		f.threeBackups()
+		// An object no entry names, old enough for the sweep.
+		Expect(f.store.Put(f.ctx, catalog.AttachmentPath(vm, "cp-ghost", "x.qcow2"), strings.NewReader("x"), 1, objectstoreOpts)).Error().NotTo(HaveOccurred())
+		f.clock = f.clock.Add(48 * time.Hour)
+		keys := f.store.Keys()
+		idx, err := f.repo.Index(f.ctx, vm)
+		Expect(err).NotTo(HaveOccurred())
+
+		dry, err := f.repo.DeleteBackup(f.ctx, "b3", backup.GCOptions{DryRun: true})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(dry.Checkpoints).To(ConsistOf("default/vm1/cp-b3"))
+		Expect(dry.Objects).To(ContainElements(diskKey("b3"), ContainSubstring("cp-ghost"), "manifests/b3/"))
+		dryGC, err := f.repo.Collect(f.ctx, backup.GCOptions{DryRun: true})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(dryGC.Objects).To(ConsistOf(ContainSubstring("cp-ghost")))
+		Expect(f.store.Keys()).To(Equal(keys))
+		after, err := f.repo.Index(f.ctx, vm)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(after).To(Equal(idx))
+
+		real, err := f.repo.DeleteBackup(f.ctx, "b3", backup.GCOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(real).To(Equal(dry))
+		Expect(f.store.Keys()).NotTo(ContainElement(diskKey("b3")))
+	})
+
 	It("keeps the parent of an upload in progress even when its backup is deleted", func() {
 		Expect(f.hv.Write(f.ctx, 0, mib, 0x11)).To(Succeed())
 		f.backupNow("b1", backup.PlanOptions{})
