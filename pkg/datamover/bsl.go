@@ -54,11 +54,36 @@ func bslManifest(bsl *velerov1.BackupStorageLocation) ([]byte, error) {
 	return data, nil
 }
 
-// loadLocation reads the location's credentials secret. The location must
-// have been found Available. A location the datamover cannot use (another
+// usableLocation is loadLocation for the controllers, once the location
+// was found Available: a location the datamover cannot use (another
 // provider, a config key it does not understand, a caCert without a
-// certificate) is fatal; missing credentials are waited for.
-func loadLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStorageLocation, poll time.Duration) (*location, error) {
+// certificate) fails the operation; missing credentials are waited for.
+func usableLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStorageLocation, poll time.Duration) (*location, error) {
+	loc, err := loadLocation(ctx, r, bsl)
+	if err != nil && !isFatal(err) {
+		return nil, waitFor("BackupStorageLocationUnavailable", poll, "waiting: %v", err)
+	}
+	return loc, err
+}
+
+// LocationConfig reads a BackupStorageLocation of the cluster, whatever
+// its phase, and its credentials secret as the controllers do, and returns
+// its object store settings with the credentials in memory.
+func LocationConfig(ctx context.Context, r client.Reader, namespace, name string) (objectstore.Config, error) {
+	bsl := &velerov1.BackupStorageLocation{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, bsl); err != nil {
+		return objectstore.Config{}, fmt.Errorf("backup storage location %s/%s: %w", namespace, name, err)
+	}
+	loc, err := loadLocation(ctx, r, bsl)
+	if err != nil {
+		return objectstore.Config{}, err
+	}
+	return loc.config()
+}
+
+// loadLocation reads the location's credentials secret. A location the
+// datamover cannot use is a fatal error.
+func loadLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStorageLocation) (*location, error) {
 	manifest, err := bslManifest(bsl)
 	if err != nil {
 		return nil, fatal("%w", err)
@@ -69,24 +94,33 @@ func loadLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStor
 	}
 	secret := &corev1.Secret{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: bsl.Namespace, Name: name}, secret); err != nil {
-		return nil, waitFor("BackupStorageLocationUnavailable", poll, "waiting: credentials of backup storage location %s: %v", bsl.Name, err)
+		return nil, fmt.Errorf("credentials of backup storage location %s: %w", bsl.Name, err)
 	}
 	creds, ok := secret.Data[key]
 	if !ok {
-		return nil, waitFor("BackupStorageLocationUnavailable", poll, "waiting: credentials of backup storage location %s: secret %s has no key %q", bsl.Name, name, key)
+		return nil, fmt.Errorf("credentials of backup storage location %s: secret %s has no key %q", bsl.Name, name, key)
 	}
 	return &location{bsl: bsl, manifest: manifest, credentials: creds}, nil
+}
+
+// config is the location's object store settings, credentials in memory.
+func (l *location) config() (objectstore.Config, error) {
+	cfg, err := objectstore.ParseBSL(l.manifest)
+	if err != nil {
+		return objectstore.Config{}, fmt.Errorf("backup storage location %s: %w", l.bsl.Name, err)
+	}
+	cfg.CredentialsData = l.credentials
+	return cfg, nil
 }
 
 // open returns a repository on the location for the controller's own reads
 // (planning, checking a chain). The credentials stay in memory: the
 // controller writes no file (its root file system is read-only).
 func (l *location) open() (*backup.Repository, error) {
-	cfg, err := objectstore.ParseBSL(l.manifest)
+	cfg, err := l.config()
 	if err != nil {
-		return nil, fmt.Errorf("backup storage location %s: %w", l.bsl.Name, err)
+		return nil, err
 	}
-	cfg.CredentialsData = l.credentials
 	repo, err := backup.Open(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("backup storage location %s: %w", l.bsl.Name, err)

@@ -57,7 +57,7 @@ var _ = Describe("a backup storage location", func() {
 
 	It("is opened with its credentials in memory: the controller's root is read-only, without /tmp", func() {
 		GinkgoT().Setenv("TMPDIR", filepath.Join(GinkgoT().TempDir(), "no-such-directory"))
-		loc, err := loadLocation(ctx, c, bsl, time.Second)
+		loc, err := usableLocation(ctx, c, bsl, time.Second)
 		Expect(err).NotTo(HaveOccurred())
 		repo, err := loc.open()
 		Expect(err).NotTo(HaveOccurred())
@@ -65,7 +65,7 @@ var _ = Describe("a backup storage location", func() {
 	})
 
 	It("hands its CA bundle to the pods", func() {
-		loc, err := loadLocation(ctx, c, bsl, time.Second)
+		loc, err := usableLocation(ctx, c, bsl, time.Second)
 		Expect(err).NotTo(HaveOccurred())
 		cfg, err := objectstore.ParseBSL(loc.manifest)
 		Expect(err).NotTo(HaveOccurred())
@@ -74,14 +74,25 @@ var _ = Describe("a backup storage location", func() {
 
 	It("fails the operation on a config key the datamover does not understand, naming it", func() {
 		bsl.Spec.Config["serverSideEncryption"] = "AES256"
-		_, err := loadLocation(ctx, c, bsl, time.Second)
+		_, err := usableLocation(ctx, c, bsl, time.Second)
 		Expect(isFatal(err)).To(BeTrue())
 		Expect(err).To(MatchError(ContainSubstring(`backup storage location default: spec.config: key "serverSideEncryption" is not supported by the KubeVirt datamover`)))
 	})
 
+	It("is read from the cluster with its credentials, whatever its phase, for qcow2-backup", func() {
+		Expect(c.Create(ctx, bsl)).To(Succeed())
+		cfg, err := LocationConfig(ctx, c, "velero", "default")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cfg.Bucket).To(Equal("vm-backups"))
+		Expect(string(cfg.CACert)).To(Equal(testCABundle))
+		Expect(string(cfg.CredentialsData)).To(ContainSubstring("aws_access_key_id = AK"))
+		_, err = LocationConfig(ctx, c, "velero", "other")
+		Expect(err).To(MatchError(ContainSubstring(`backup storage location velero/other: backupstoragelocations.velero.io "other" not found`)))
+	})
+
 	It("waits for credentials that are not there yet", func() {
 		bsl.Spec.Credential = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "later"}, Key: "cloud"}
-		_, err := loadLocation(ctx, c, bsl, time.Second)
+		_, err := usableLocation(ctx, c, bsl, time.Second)
 		Expect(isFatal(err)).To(BeFalse())
 		var wait *errWait
 		Expect(err).To(BeAssignableToTypeOf(wait))

@@ -221,7 +221,7 @@ func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) er
 		}
 		return fmt.Errorf("get target claim %s: %w", tkey, err)
 	}
-	loc, err := loadLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
+	loc, err := usableLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
 	if err != nil {
 		return err
 	}

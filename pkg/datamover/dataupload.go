@@ -377,7 +377,7 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	if err != nil {
 		return err
 	}
-	loc, err := loadLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
+	loc, err := usableLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
 	if err != nil {
 		return err
 	}
@@ -599,7 +599,7 @@ func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u 
 	if err != nil {
 		return err
 	}
-	loc, err := loadLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
+	loc, err := usableLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
 	if err != nil {
 		return err
 	}
