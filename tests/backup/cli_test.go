@@ -3,6 +3,7 @@ package backup_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,21 +11,20 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 // buildCLI builds cmd/qcow2-backup for the spec.
 func buildCLI(ctx context.Context) string {
-	bin := filepath.Join(GinkgoT().TempDir(), "qcow2-backup")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/qcow2-backup")
-	cmd.Dir = framework.RepoRoot()
-	out, err := cmd.CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), string(out))
+	bin, err := framework.BuildCommand(ctx, "./cmd/qcow2-backup", GinkgoT().TempDir())
+	Expect(err).NotTo(HaveOccurred())
 	return bin
 }
 
@@ -64,7 +64,7 @@ var _ = Describe("the qcow2-backup command", func() {
 		out, _, err := cli(ctx, bin, append([]string{"list"}, storage...)...)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(out).To(MatchRegexp(`tue\s+prod/db\s+tue-cp`))
-		Expect(out).To(MatchRegexp(`prod/db\s+tue-cp\s+incremental\s+mon-cp\s+complete\s+\d+\s+tue`))
+		Expect(out).To(MatchRegexp(`prod/db\s+tue-cp\s+incremental\s+mon-cp\s+complete\s+\d+(\.\d+)? (B|KiB|MiB)\s+tue`))
 
 		target := filepath.Join(work, "mon.raw")
 		out, stderr, err := cli(ctx, bin, append([]string{"restore", "-namespace", "prod", "-vm", "db", "-backup", "mon", "-target", target, "-work-dir", work}, storage...)...)
@@ -88,5 +88,139 @@ var _ = Describe("the qcow2-backup command", func() {
 		_, stderr, err = cli(ctx, bin, "restore", "-vm", "db", "-target", target, "-s3-url", srv.URL, "-bucket", "backups", "-credentials", filepath.Join(work, "none"))
 		Expect(err).To(HaveOccurred())
 		Expect(strings.TrimSpace(stderr)).To(HavePrefix("qcow2-backup: open credentials"))
+	})
+
+	It("exits 0 on -h and refuses what it does not know, naming it", func(ctx SpecContext) {
+		bin := buildCLI(ctx)
+		for _, args := range [][]string{{"-h"}, {"--help"}, {}, {"list", "-h"}, {"delete", "--help"}, {"help", "gc"}} {
+			out, stderr, err := cli(ctx, bin, args...)
+			Expect(err).NotTo(HaveOccurred(), "%v: %s", args, stderr)
+			Expect(out).To(ContainSubstring("Usage:"), "%v", args)
+		}
+		out, _, err := cli(ctx, bin, "-h")
+		Expect(err).NotTo(HaveOccurred())
+		for _, sub := range []string{"backup", "list", "restore", "delete", "gc"} {
+			Expect(out).To(MatchRegexp(`(?m)^\s+`+sub+`\s`), "subcommand %s", sub)
+		}
+		_, stderr, err := cli(ctx, bin, "lsit")
+		Expect(err).To(HaveOccurred())
+		Expect(stderr).To(ContainSubstring(`unknown command "lsit"`))
+		_, stderr, err = cli(ctx, bin, "list", "-o", "xml")
+		Expect(err).To(HaveOccurred())
+		Expect(stderr).To(ContainSubstring(`"xml": want table, json or yaml`))
+		_, stderr, err = cli(ctx, bin, "delete")
+		Expect(err).To(HaveOccurred())
+		Expect(stderr).To(ContainSubstring(`required flag(s) "backup" not set`))
+	})
+
+	It("prints listings as JSON or YAML and sizes for people, and dry-runs delete and gc", func(ctx SpecContext) {
+		bin := buildCLI(ctx)
+		work := GinkgoT().TempDir()
+		srv := startS3(ctx)
+		creds, err := srv.WriteCredentials(work)
+		Expect(err).NotTo(HaveOccurred())
+		bsl := filepath.Join(work, "bsl.yaml")
+		Expect(os.WriteFile(bsl, []byte(srv.BSL("backups", "velero")), 0o600)).To(Succeed())
+		repo := newRepository(ctx, srv.BSL("backups", "velero"), creds)
+		storage := []string{"--bsl", bsl, "--credentials", creds}
+		vm := catalog.VM{Namespace: "prod", Name: "db"}
+		hv, err := backuptest.New(ctx, work, 16*mib)
+		Expect(err).NotTo(HaveOccurred())
+		for i, b := range []string{"mon", "tue"} {
+			Expect(hv.Write(ctx, int64(i)*4*mib, 3*mib, byte(0x40+i))).To(Succeed())
+			_, err := repo.BackupVM(ctx, vm, hv, backup.BackupOptions{Backup: b, Checkpoint: b + "-cp", WorkDir: work})
+			Expect(err).NotTo(HaveOccurred())
+		}
+		idx, err := repo.Index(ctx, vm)
+		Expect(err).NotTo(HaveOccurred())
+		sizes := map[string]int64{}
+		for _, c := range idx.Checkpoints {
+			for _, f := range c.Files {
+				sizes[c.ID] += f.Size
+			}
+		}
+
+		By("list -o json and -o yaml")
+		type listed struct {
+			Backups []struct {
+				Name string `json:"name"`
+				VMs  []struct {
+					Namespace  string `json:"namespace"`
+					Name       string `json:"name"`
+					Checkpoint string `json:"checkpoint"`
+				} `json:"vms"`
+			} `json:"backups"`
+			Checkpoints []struct {
+				Namespace    string   `json:"namespace"`
+				VM           string   `json:"vm"`
+				ID           string   `json:"id"`
+				Type         string   `json:"type"`
+				Parent       string   `json:"parent"`
+				State        string   `json:"state"`
+				Bytes        int64    `json:"bytes"`
+				ReferencedBy []string `json:"referencedBy"`
+			} `json:"checkpoints"`
+		}
+		out, stderr, err := cli(ctx, bin, append([]string{"list", "-o", "json"}, storage...)...)
+		Expect(err).NotTo(HaveOccurred(), stderr)
+		var asJSON listed
+		Expect(json.Unmarshal([]byte(out), &asJSON)).To(Succeed(), out)
+		Expect(asJSON.Backups).To(HaveLen(2))
+		Expect(asJSON.Backups[1].Name).To(Equal("tue"))
+		Expect(asJSON.Backups[1].VMs).To(HaveLen(1))
+		Expect(asJSON.Backups[1].VMs[0].Checkpoint).To(Equal("tue-cp"))
+		Expect(asJSON.Checkpoints).To(HaveLen(2))
+		tue := asJSON.Checkpoints[1]
+		Expect([]string{tue.Namespace, tue.VM, tue.ID, tue.Type, tue.Parent, tue.State}).To(Equal([]string{"prod", "db", "tue-cp", "incremental", "mon-cp", "complete"}))
+		Expect(tue.Bytes).To(Equal(sizes["tue-cp"]))
+		Expect(tue.ReferencedBy).To(Equal([]string{"tue"}))
+		out, stderr, err = cli(ctx, bin, append([]string{"list", "-o", "yaml"}, storage...)...)
+		Expect(err).NotTo(HaveOccurred(), stderr)
+		var asYAML listed
+		Expect(yaml.Unmarshal([]byte(out), &asYAML)).To(Succeed(), out)
+		Expect(asYAML).To(Equal(asJSON))
+
+		By("the table's sizes")
+		out, _, err = cli(ctx, bin, append([]string{"list"}, storage...)...)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sizes["mon-cp"]).To(BeNumerically(">", 3*mib))
+		Expect(out).To(MatchRegexp(`prod/db\s+mon-cp\s+full\s+-\s+complete\s+3\.\d MiB\s+mon,tue`))
+
+		By("delete --dry-run reports what delete then removes, and removes nothing")
+		keys := allKeys(ctx, repo.Store)
+		out, stderr, err = cli(ctx, bin, append([]string{"delete", "--backup", "tue", "--dry-run"}, storage...)...)
+		Expect(err).NotTo(HaveOccurred(), stderr)
+		Expect(out).To(HavePrefix("dry run: deleting backup tue would remove 1 checkpoints, "))
+		out, stderr, err = cli(ctx, bin, append([]string{"delete", "--backup", "tue", "--dry-run", "-o", "json"}, storage...)...)
+		Expect(err).NotTo(HaveOccurred(), stderr)
+		var dry, real struct {
+			DryRun      bool     `json:"dryRun"`
+			Checkpoints []string `json:"checkpoints"`
+			Objects     []string `json:"objects"`
+		}
+		Expect(json.Unmarshal([]byte(out), &dry)).To(Succeed(), out)
+		Expect(dry.DryRun).To(BeTrue())
+		Expect(dry.Checkpoints).To(Equal([]string{"prod/db/tue-cp"}))
+		Expect(dry.Objects).To(ContainElement(catalog.DiskPath(vm, "tue-cp", "tue", "vda")))
+		Expect(allKeys(ctx, repo.Store)).To(Equal(keys))
+		out, stderr, err = cli(ctx, bin, append([]string{"delete", "--backup", "tue", "-o", "json"}, storage...)...)
+		Expect(err).NotTo(HaveOccurred(), stderr)
+		Expect(json.Unmarshal([]byte(out), &real)).To(Succeed(), out)
+		Expect(real.DryRun).To(BeFalse())
+		Expect(real.Checkpoints).To(Equal(dry.Checkpoints))
+		Expect(real.Objects).To(Equal(dry.Objects))
+		Expect(allKeys(ctx, repo.Store)).NotTo(ContainElement(catalog.DiskPath(vm, "tue-cp", "tue", "vda")))
+
+		By("gc --dry-run reports the object no index names, and keeps it")
+		ghost := catalog.AttachmentPath(vm, "ghost", "x.qcow2")
+		Expect(repo.Store.Put(ctx, ghost, strings.NewReader("x"), 1, objectstore.PutOptions{})).Error().NotTo(HaveOccurred())
+		out, stderr, err = cli(ctx, bin, append([]string{"gc", "--grace", "-1s", "--dry-run"}, storage...)...)
+		Expect(err).NotTo(HaveOccurred(), stderr)
+		Expect(out).To(Equal("dry run: garbage collection would remove 0 checkpoints, 1 objects\n  object " + ghost + "\n"))
+		Expect(allKeys(ctx, repo.Store)).To(ContainElement(ghost))
+		out, _, err = cli(ctx, bin, append([]string{"gc", "--grace", "-1s"}, storage...)...)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(HavePrefix("garbage collected: 0 checkpoints, 1 objects removed"))
+		Expect(allKeys(ctx, repo.Store)).NotTo(ContainElement(ghost))
 	})
 })

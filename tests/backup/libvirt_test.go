@@ -2,11 +2,10 @@ package backup_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -25,8 +24,6 @@ var guestRounds = []framework.GuestParams{
 	{StartLBA: 8192, Sectors: 2048, Seed: 2},
 	{StartLBA: 40000, Sectors: 1024, Seed: 3},
 }
-
-var uploadedLine = regexp.MustCompile(`(full|incremental) checkpoint (\S+).*, (\d+) bytes uploaded`)
 
 var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 	var (
@@ -78,19 +75,23 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 		Expect(status.Done).To(BeTrue(), "guest status %+v", status)
 
 		args := append([]string{"backup", "-uri", lv.URI(), "-domain", domName, "-namespace", vm.Namespace, "-vm", vm.Name,
-			"-backup", name, "-work-dir", work}, storage...)
+			"-backup", name, "-work-dir", work, "-o", "json"}, storage...)
 		out, stderr, err := cli(ctx, bin, append(args, extra...)...)
 		Expect(err).NotTo(HaveOccurred(), stderr)
-		m := uploadedLine.FindStringSubmatch(out)
-		Expect(m).NotTo(BeNil(), out)
-		bytes, _ := strconv.ParseInt(m[3], 10, 64)
+		var res struct {
+			Checkpoint    string `json:"checkpoint"`
+			Type          string `json:"type"`
+			BytesUploaded int64  `json:"bytesUploaded"`
+		}
+		Expect(json.Unmarshal([]byte(out), &res)).To(Succeed(), out)
+		Expect(res.Checkpoint).To(HavePrefix(name+"-"), out)
 
 		_, err = lv.Virsh(ctx, "destroy", "--graceful", domName)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(lv.WaitForState(ctx, domName, framework.StateShutOff)).To(Succeed())
 		_, err = framework.QemuImg(ctx, "convert", "-f", "qcow2", "-O", "raw", live(), expected(name))
 		Expect(err).NotTo(HaveOccurred())
-		return m[1], bytes
+		return res.Type, res.BytesUploaded
 	}
 
 	restore := func(ctx context.Context, b string) string {

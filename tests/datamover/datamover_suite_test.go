@@ -42,12 +42,14 @@ const (
 
 var (
 	s3Binary string
-	k8s      client.Client
-	scheme   *runtime.Scheme
-	s3       *s3server.Server
-	vols     volumes
-	kubevirt *kubeVirtStandIn
-	kubelet  *kubeletStandIn
+	// kubeconfig reaches the API server, for commands the specs run.
+	kubeconfig []byte
+	k8s        client.Client
+	scheme     *runtime.Scheme
+	s3         *s3server.Server
+	vols       volumes
+	kubevirt   *kubeVirtStandIn
+	kubelet    *kubeletStandIn
 )
 
 var _ = BeforeSuite(func(ctx context.Context) {
@@ -61,6 +63,7 @@ var _ = BeforeSuite(func(ctx context.Context) {
 	api, err := framework.StartAPIServer(append(veleroCRDs, filepath.Join("testdata"))...)
 	framework.Require(err, "kube-apiserver and etcd (envtest)")
 	DeferCleanup(api.Stop)
+	kubeconfig = api.Env.KubeConfig
 
 	scheme, err = datamover.NewScheme()
 	Expect(err).NotTo(HaveOccurred())

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 )
 
@@ -22,4 +23,16 @@ func runCmd(cmd *exec.Cmd) (string, error) {
 		return stdout.String(), fmt.Errorf("%s: %w: %s", strings.Join(cmd.Args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), nil
+}
+
+// BuildCommand builds the command in the repository's package pkg (e.g.
+// "./cmd/qcow2-backup") into dir and returns the binary's path.
+func BuildCommand(ctx context.Context, pkg, dir string) (string, error) {
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
+	cmd.Dir = RepoRoot()
+	if _, err := runCmd(cmd); err != nil {
+		return "", err
+	}
+	return bin, nil
 }
