@@ -1,4 +1,22 @@
 #!/usr/bin/env bash
+#
+# This file is part of the kubevirt-qcow2 project
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+# Copyright The kubevirt-qcow2 Authors.
+#
+
 # A one-node Kubernetes on this machine, for the end-to-end tests and for
 # trying the patched KubeVirt by hand (docs/testing.md):
 #
@@ -42,8 +60,9 @@ readonly PAUSE_IMAGE=kubevirt-qcow2/pause:dev
 # How long `up` waits for the API server and for the node to be Ready.
 readonly UP_TIMEOUT=${CLUSTER_UP_TIMEOUT:-180}
 
+# Prints the comment between the licence header and `set`.
 usage() {
-	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+	sed -n '/^$/,/^set -euo/p; /^set -euo/q' "$0" | sed '1d; $d; s/^# \{0,1\}//'
 	exit 2
 }
 
