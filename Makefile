@@ -80,11 +80,13 @@ kubevirt:
 
 test: build lint test-unit test-functional e2e test-upstream
 
-# Formatting, vet and shellcheck: cheap, and first so they fail fast.
+# Formatting, vet, shellcheck and licence headers: cheap, and first so
+# they fail fast.
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
 	shellcheck -x hack/*.sh .ci/run
+	hack/check-licence.sh
 
 # Fast tests with no root infrastructure.
 test-unit:
