@@ -24,8 +24,8 @@ import (
 	"io"
 	"os"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/overlay/qcow2file"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2meta"
 )
 
 // Images is what the Manager needs from an image tool.
@@ -74,12 +74,12 @@ var _ Images = Native{}
 
 // CreateOverlay implements Images.
 func (Native) CreateOverlay(_ context.Context, path string, backing Backing, size int64, opts CreateOptions) error {
-	return qcow2file.CreateOverlay(path, backing.Path, backing.Format, size, qcow2file.Options(opts))
+	return qcow2meta.CreateOverlay(path, backing.Path, backing.Format, size, qcow2meta.Options(opts))
 }
 
 // Inspect implements Images.
 func (Native) Inspect(_ context.Context, path string) (*Header, error) {
-	h, err := qcow2file.ReadHeader(path)
+	h, err := qcow2meta.ReadHeader(path)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +95,7 @@ func (Native) Inspect(_ context.Context, path string) (*Header, error) {
 
 // Check implements Images.
 func (Native) Check(ctx context.Context, path string) (*CheckResult, error) {
-	res, err := qcow2file.Check(ctx, path)
+	res, err := qcow2meta.Check(ctx, path)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +109,7 @@ func (Native) VirtualSize(_ context.Context, path, format string) (int64, error)
 	case qcow2.FormatRaw:
 		return byteSize(path)
 	case qcow2.FormatQcow2:
-		h, err := qcow2file.ReadHeader(path)
+		h, err := qcow2meta.ReadHeader(path)
 		if err != nil {
 			return 0, err
 		}

@@ -18,7 +18,8 @@ Copyright The kubevirt-qcow2 Authors.
 
 // Package qcow2 drives qemu-img for what this project does with qcow2
 // images: overlays over a backing image, inspection, consistency checks,
-// sizing, and rebuilding a chain.
+// sizing, and rebuilding a chain. Processes without qemu-img read and write
+// qcow2 metadata in Go through pkg/qcow2meta.
 package qcow2
 
 import (

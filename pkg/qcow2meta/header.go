@@ -16,14 +16,14 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-// Package qcow2file reads, writes and checks qcow2 image metadata in Go, for
+// Package qcow2meta reads, writes and checks qcow2 image metadata in Go, for
 // processes that cannot run qemu-img: a hook sidecar image holds one static
 // binary and nothing else. It covers what an overlay needs (an empty image
 // over a backing file, its header, a consistency check of its metadata); the
 // qemu-img wrapper in pkg/qcow2 remains the tool for everything else.
 //
 // The format is QEMU's docs/interop/qcow2.txt, version 3.
-package qcow2file
+package qcow2meta
 
 import (
 	"encoding/binary"

@@ -16,7 +16,7 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-package qcow2file_test
+package qcow2meta_test
 
 import (
 	"context"
@@ -30,12 +30,12 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/overlay/qcow2file"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2meta"
 )
 
-func TestQcow2file(t *testing.T) {
+func TestQcow2meta(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "qcow2file Suite")
+	RunSpecs(t, "qcow2meta Suite")
 }
 
 const mib = 1 << 20
@@ -43,7 +43,7 @@ const mib = 1 << 20
 // The reference for every expectation here is QEMU itself: images written
 // by this package must satisfy qemu-img, and images written by QEMU must
 // read the same through this package.
-var _ = Describe("qcow2file", func() {
+var _ = Describe("qcow2meta", func() {
 	var (
 		ctx     context.Context
 		dir     string
@@ -59,9 +59,9 @@ var _ = Describe("qcow2file", func() {
 	})
 
 	DescribeTable("CreateOverlay writes an image qemu-img accepts as it was asked for",
-		func(size int64, opts qcow2file.Options, wantCluster int64) {
+		func(size int64, opts qcow2meta.Options, wantCluster int64) {
 			path := filepath.Join(dir, "overlay.qcow2")
-			Expect(qcow2file.CreateOverlay(path, backing, "raw", size, opts)).To(Succeed())
+			Expect(qcow2meta.CreateOverlay(path, backing, "raw", size, opts)).To(Succeed())
 
 			info := qemuImgInfo(path)
 			Expect(info.Format).To(Equal("qcow2"))
@@ -73,43 +73,43 @@ var _ = Describe("qcow2file", func() {
 			Expect(info.FormatSpecific.Data.LazyRefcounts).To(Equal(opts.LazyRefcounts))
 			qemuImgCheckClean(path)
 
-			res, err := qcow2file.Check(ctx, path)
+			res, err := qcow2meta.Check(ctx, path)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(res.Clean()).To(BeTrue(), res.String())
 
-			h, err := qcow2file.ReadHeader(path)
+			h, err := qcow2meta.ReadHeader(path)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(h.BackingFile).To(Equal(backing))
 			Expect(h.BackingFormat).To(Equal("raw"))
 			Expect(h.Size).To(Equal(uint64(size)))
 		},
-		Entry("defaults", int64(100*mib), qcow2file.Options{}, int64(64<<10)),
-		Entry("a size that is no multiple of the cluster", int64(100*mib+512), qcow2file.Options{}, int64(64<<10)),
-		Entry("128K clusters, extended L2, lazy refcounts", int64(100*mib), qcow2file.Options{ClusterSize: 128 << 10, ExtendedL2: true, LazyRefcounts: true}, int64(128<<10)),
-		Entry("small clusters and a multi-cluster L1 table", int64(4096*mib), qcow2file.Options{ClusterSize: 512}, int64(512)),
-		Entry("a 16 TiB disk", int64(16<<40), qcow2file.Options{}, int64(64<<10)),
+		Entry("defaults", int64(100*mib), qcow2meta.Options{}, int64(64<<10)),
+		Entry("a size that is no multiple of the cluster", int64(100*mib+512), qcow2meta.Options{}, int64(64<<10)),
+		Entry("128K clusters, extended L2, lazy refcounts", int64(100*mib), qcow2meta.Options{ClusterSize: 128 << 10, ExtendedL2: true, LazyRefcounts: true}, int64(128<<10)),
+		Entry("small clusters and a multi-cluster L1 table", int64(4096*mib), qcow2meta.Options{ClusterSize: 512}, int64(512)),
+		Entry("a 16 TiB disk", int64(16<<40), qcow2meta.Options{}, int64(64<<10)),
 	)
 
 	It("records a backing that this process cannot open", func() {
 		path := filepath.Join(dir, "overlay.qcow2")
 		elsewhere := "/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img"
-		Expect(qcow2file.CreateOverlay(path, elsewhere, "raw", 10*mib, qcow2file.Options{})).To(Succeed())
-		h, err := qcow2file.ReadHeader(path)
+		Expect(qcow2meta.CreateOverlay(path, elsewhere, "raw", 10*mib, qcow2meta.Options{})).To(Succeed())
+		h, err := qcow2meta.ReadHeader(path)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(h.BackingFile).To(Equal(elsewhere))
 	})
 
 	DescribeTable("CreateOverlay refuses bad arguments",
-		func(backing, format string, size int64, opts qcow2file.Options, message string) {
+		func(backing, format string, size int64, opts qcow2meta.Options, message string) {
 			path := filepath.Join(dir, "overlay.qcow2")
-			Expect(qcow2file.CreateOverlay(path, backing, format, size, opts)).To(MatchError(ContainSubstring(message)))
+			Expect(qcow2meta.CreateOverlay(path, backing, format, size, opts)).To(MatchError(ContainSubstring(message)))
 			Expect(path).ToNot(BeAnExistingFile())
 		},
-		Entry("relative backing", "golden.raw", "raw", int64(mib), qcow2file.Options{}, `backing path "golden.raw" is not absolute`),
-		Entry("no format", "/golden.raw", "", int64(mib), qcow2file.Options{}, `invalid backing format ""`),
-		Entry("zero size", "/golden.raw", "raw", int64(0), qcow2file.Options{}, "size 0 is not positive"),
-		Entry("odd cluster size", "/golden.raw", "raw", int64(mib), qcow2file.Options{ClusterSize: 3000}, "cluster size 3000"),
-		Entry("extended L2 with small clusters", "/golden.raw", "raw", int64(mib), qcow2file.Options{ClusterSize: 4096, ExtendedL2: true}, "at least 16K"),
+		Entry("relative backing", "golden.raw", "raw", int64(mib), qcow2meta.Options{}, `backing path "golden.raw" is not absolute`),
+		Entry("no format", "/golden.raw", "", int64(mib), qcow2meta.Options{}, `invalid backing format ""`),
+		Entry("zero size", "/golden.raw", "raw", int64(0), qcow2meta.Options{}, "size 0 is not positive"),
+		Entry("odd cluster size", "/golden.raw", "raw", int64(mib), qcow2meta.Options{ClusterSize: 3000}, "cluster size 3000"),
+		Entry("extended L2 with small clusters", "/golden.raw", "raw", int64(mib), qcow2meta.Options{ClusterSize: 4096, ExtendedL2: true}, "at least 16K"),
 	)
 
 	Describe("Check agrees with qemu-img check", func() {
@@ -130,7 +130,7 @@ var _ = Describe("qcow2file", func() {
 					run("qemu-io", "-f", "qcow2", "-c", c, path)
 				}
 				qemuImgCheckClean(path)
-				res, err := qcow2file.Check(ctx, path)
+				res, err := qcow2meta.Check(ctx, path)
 				Expect(err).ToNot(HaveOccurred())
 				Expect(res.Clean()).To(BeTrue(), res.String())
 			},
@@ -151,21 +151,21 @@ var _ = Describe("qcow2file", func() {
 			run("qemu-io", "-f", "qcow2", "-c", "write 40M 4M", path)
 			qemuImgCheckClean(path)
 
-			h, err := qcow2file.ReadHeader(path)
+			h, err := qcow2meta.ReadHeader(path)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(h.Bitmaps).ToNot(BeNil())
 			Expect(h.Bitmaps.Count).To(Equal(uint32(2)))
-			res, err := qcow2file.Check(ctx, path)
+			res, err := qcow2meta.Check(ctx, path)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(res.Clean()).To(BeTrue(), res.String())
 		})
 
 		It("finds a leaked cluster", func() {
-			Expect(qcow2file.CreateOverlay(path, backing, "raw", 100*mib, qcow2file.Options{})).To(Succeed())
+			Expect(qcow2meta.CreateOverlay(path, backing, "raw", 100*mib, qcow2meta.Options{})).To(Succeed())
 			run("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 64k", path)
 			clearFirstL2Entry(path)
 
-			res, err := qcow2file.Check(ctx, path)
+			res, err := qcow2meta.Check(ctx, path)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(res.Leaks).To(Equal(1))
 			Expect(res.Corruptions).To(BeZero())
@@ -174,7 +174,7 @@ var _ = Describe("qcow2file", func() {
 		})
 
 		It("finds a cluster whose refcount is too low", func() {
-			Expect(qcow2file.CreateOverlay(path, backing, "raw", 100*mib, qcow2file.Options{})).To(Succeed())
+			Expect(qcow2meta.CreateOverlay(path, backing, "raw", 100*mib, qcow2meta.Options{})).To(Succeed())
 			run("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 64k", path)
 			// The data cluster is the last one of the file; zero its refcount.
 			fi, err := os.Stat(path)
@@ -182,7 +182,7 @@ var _ = Describe("qcow2file", func() {
 			lastCluster := fi.Size()/(64<<10) - 1
 			writeUint16(path, 2*(64<<10)+2*lastCluster, 0)
 
-			res, err := qcow2file.Check(ctx, path)
+			res, err := qcow2meta.Check(ctx, path)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(res.Corruptions).To(BeNumerically(">=", 1))
 			Expect(res.Clean()).To(BeFalse())
@@ -190,9 +190,9 @@ var _ = Describe("qcow2file", func() {
 		})
 
 		It("reports a corrupt bit", func() {
-			Expect(qcow2file.CreateOverlay(path, backing, "raw", 10*mib, qcow2file.Options{})).To(Succeed())
-			writeUint64(path, 72, qcow2file.IncompatCorrupt)
-			res, err := qcow2file.Check(ctx, path)
+			Expect(qcow2meta.CreateOverlay(path, backing, "raw", 10*mib, qcow2meta.Options{})).To(Succeed())
+			writeUint64(path, 72, qcow2meta.IncompatCorrupt)
+			res, err := qcow2meta.Check(ctx, path)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(res.MarkedCorrupt).To(BeTrue())
 			Expect(res.Clean()).To(BeFalse())
@@ -201,7 +201,7 @@ var _ = Describe("qcow2file", func() {
 		It("refuses images with internal snapshots", func() {
 			run("qemu-img", "create", "-q", "-f", "qcow2", path, "10M")
 			run("qemu-img", "snapshot", "-c", "s1", path)
-			_, err := qcow2file.Check(ctx, path)
+			_, err := qcow2meta.Check(ctx, path)
 			Expect(err).To(MatchError(ContainSubstring("internal snapshots are not supported")))
 		})
 	})
@@ -210,8 +210,8 @@ var _ = Describe("qcow2file", func() {
 		func(content []byte) {
 			path := filepath.Join(dir, "image")
 			Expect(os.WriteFile(path, content, 0o644)).To(Succeed())
-			_, err := qcow2file.ReadHeader(path)
-			Expect(err).To(MatchError(qcow2file.ErrNotQcow2))
+			_, err := qcow2meta.ReadHeader(path)
+			Expect(err).To(MatchError(qcow2meta.ErrNotQcow2))
 		},
 		Entry("empty", []byte{}),
 		Entry("short", []byte("QFI")),

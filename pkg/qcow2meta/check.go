@@ -16,7 +16,7 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-package qcow2file
+package qcow2meta
 
 import (
 	"context"
