@@ -93,7 +93,7 @@ func newLayout(backing, backingFormat string, size int64, opts Options) ([]byte,
 	if len(backing) > maxBackingNameLength {
 		return nil, fmt.Errorf("backing path is longer than %d bytes", maxBackingNameLength)
 	}
-	if backingFormat == "" || len(backingFormat) > 16 {
+	if backingFormat == "" || len(backingFormat) > maxBackingFormatLength {
 		return nil, fmt.Errorf("invalid backing format %q", backingFormat)
 	}
 
@@ -112,7 +112,7 @@ func newLayout(backing, backingFormat string, size int64, opts Options) ([]byte,
 	}
 	bytesPerL1Entry := cs * (cs / l2Entry)
 	l1Size := (size + bytesPerL1Entry - 1) / bytesPerL1Entry
-	if l1Size > 1<<22 { // QEMU caps the L1 table at 32 MiB
+	if l1Size > maxL1Entries {
 		return nil, fmt.Errorf("size %d needs too large an L1 table", size)
 	}
 	l1Clusters := (l1Size*8 + cs - 1) / cs
