@@ -86,6 +86,9 @@ const (
 	bitmapsExtensionLength = 24
 	maxBitmaps             = 65535
 	maxBitmapDirectorySize = 1024 * maxBitmaps
+	// maxBitmapDataBytes bounds the data clusters of one bitmap, so the
+	// entries of its table.
+	maxBitmapDataBytes = 512 << 20
 )
 
 // ErrNotQcow2 is returned for a file that does not start with a qcow2 header.

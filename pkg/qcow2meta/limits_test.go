@@ -7,12 +7,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2meta"
 )
+
+const gib = 1 << 30
 
 // Offsets of header fields (docs/interop/qcow2.txt).
 const (
@@ -32,8 +35,7 @@ const (
 )
 
 // What an image costs to read is bounded by its header and by QEMU's own
-// limits, never by the length of the file or by sizes an image states:
-// headers beyond those limits are refused, as QEMU refuses them.
+// limits, never by the length of the file or by sizes an image states.
 var _ = Describe("limits", func() {
 	var (
 		ctx     context.Context
@@ -48,6 +50,62 @@ var _ = Describe("limits", func() {
 		backing = filepath.Join(dir, "golden.raw")
 		Expect(os.WriteFile(backing, nil, 0o644)).To(Succeed())
 		path = filepath.Join(dir, "overlay.qcow2")
+	})
+
+	// A block device, or a sparse file, is often much longer than the
+	// clusters its image uses: Check must cost what the image uses.
+	It("checks a long sparse file with small clusters in memory that follows the clusters in use", func() {
+		Expect(qcow2meta.CreateOverlay(path, backing, "raw", 1*gib, qcow2meta.Options{ClusterSize: 512})).To(Succeed())
+		run("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 64k", "-c", "write -P 0xa5 512M 4k", path)
+		Expect(os.Truncate(path, 4*gib)).To(Succeed())
+		qemuImgCheckClean(path)
+
+		var res *qcow2meta.CheckResult
+		allocated := bytesAllocated(func() {
+			var err error
+			res, err = qcow2meta.Check(ctx, path)
+			Expect(err).ToNot(HaveOccurred())
+		})
+		Expect(res.Clean()).To(BeTrue(), res.String())
+		// 8 Mi clusters of 512 bytes in the file; a few hundred in use.
+		Expect(allocated).To(BeNumerically("<", 1<<20), "bytes allocated by Check")
+	})
+
+	It("walks an L2 table that many L1 entries share only once", func() {
+		const cs = 64 << 10
+		const l1Entries = 64
+		Expect(qcow2meta.CreateOverlay(path, backing, "raw", l1Entries*(cs/8)*cs, qcow2meta.Options{})).To(Succeed())
+		h, err := qcow2meta.ReadHeader(path)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(h.L1Size).To(Equal(uint32(l1Entries)))
+		fi, err := os.Stat(path)
+		Expect(err).ToNot(HaveOccurred())
+
+		// One full L2 table after the image, mapping the clusters after it;
+		// every L1 entry names it.
+		const copied = uint64(1) << 63
+		l2Cluster := uint64(fi.Size()+cs-1) / cs
+		l2 := make([]byte, cs)
+		for j := range uint64(cs / 8) {
+			binary.BigEndian.PutUint64(l2[8*j:], (l2Cluster+1+j)*cs|copied)
+		}
+		writeAt(path, int64(l2Cluster*cs), l2)
+		Expect(os.Truncate(path, int64((l2Cluster+1+cs/8)*cs))).To(Succeed())
+		l1 := make([]byte, 8*l1Entries)
+		for i := range l1Entries {
+			binary.BigEndian.PutUint64(l1[8*i:], l2Cluster*cs|copied)
+		}
+		writeAt(path, int64(h.L1TableOffset), l1)
+
+		var res *qcow2meta.CheckResult
+		allocated := bytesAllocated(func() {
+			res, err = qcow2meta.Check(ctx, path)
+			Expect(err).ToNot(HaveOccurred())
+		})
+		Expect(allocated).To(BeNumerically("<", 1<<20), "bytes allocated by Check")
+		Expect(res.Clean()).To(BeFalse())
+		Expect(res.String()).To(ContainSubstring("L2 table of L1 entry 1 at %#x is already in use", l2Cluster*cs))
+		Expect(qemuImgCheck(path)).To(Equal(2), "qemu-img check exits 2 on corruptions")
 	})
 
 	DescribeTable("hostile headers are refused before anything is read from their sizes",
@@ -141,6 +199,15 @@ var _ = Describe("limits", func() {
 		Entry("an unaligned bitmap directory", int64(16), uint64(512), "bitmap directory offset 0x200 is not cluster aligned"),
 	)
 })
+
+// bytesAllocated is how many bytes of heap f allocates.
+func bytesAllocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
 
 func qemuImgInfoFails(path string) bool {
 	GinkgoHelper()
