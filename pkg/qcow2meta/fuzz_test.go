@@ -1,0 +1,269 @@
+package qcow2meta
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/metrics"
+	"slices"
+	"testing"
+	"time"
+)
+
+// The seed corpus in testdata/fuzz holds images qemu-img and qemu-io
+// wrote; images this package writes are added as seeds in code. Rewrite
+// the corpus with
+//
+//	go test ./pkg/qcow2meta -run TestFuzzSeeds -update-fuzz-seeds
+//
+// Fuzz FuzzCheck with a short -fuzzminimizetime (say 5s): minimizing an
+// image of a few KiB takes the default minute for every new input.
+var updateFuzzSeeds = flag.Bool("update-fuzz-seeds", false, "rewrite the seed corpus in testdata/fuzz with images qemu-img writes")
+
+const (
+	// maxFuzzFileSize: a fuzzed image is a file of up to 1 TiB, its bytes
+	// followed by zeroes, as a sparse file or a block device would be.
+	maxFuzzFileSize = 1 << 40
+	// maxFuzzAlloc is what checking any such file may allocate.
+	maxFuzzAlloc = 64 << 20
+	// maxFuzzDuration is what checking it may take.
+	maxFuzzDuration = 10 * time.Second
+)
+
+func FuzzReadHeader(f *testing.F) {
+	for _, img := range createdImages(f) {
+		f.Add(firstCluster(img))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := readHeader(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		cs := h.ClusterSize()
+		switch {
+		case h.ClusterBits < minClusterBits || h.ClusterBits > maxClusterBits:
+			t.Fatalf("cluster bits %d", h.ClusterBits)
+		case uint64(h.HeaderLength) > cs:
+			t.Fatalf("header length %d with clusters of %d", h.HeaderLength, cs)
+		case h.L1Size > maxL1Entries:
+			t.Fatalf("L1 size %d", h.L1Size)
+		case h.Size > uint64(h.L1Size)*cs*(cs/h.l2EntrySize()) || h.Size > math.MaxInt64:
+			t.Fatalf("virtual size %d with an L1 size of %d", h.Size, h.L1Size)
+		case h.RefcountTableClusters == 0 || uint64(h.RefcountTableClusters)*cs > maxRefcountTableBytes:
+			t.Fatalf("refcount table of %d clusters of %d", h.RefcountTableClusters, cs)
+		case h.NbSnapshots > maxSnapshots:
+			t.Fatalf("%d snapshots", h.NbSnapshots)
+		case len(h.BackingFile) > maxBackingNameLength || len(h.BackingFormat) > maxBackingFormatLength:
+			t.Fatalf("backing %q format %q", h.BackingFile, h.BackingFormat)
+		case uint64(len(h.DataFile)) > cs:
+			t.Fatalf("data file name of %d bytes", len(h.DataFile))
+		}
+		if b := h.Bitmaps; b != nil && (b.Count == 0 || b.Count > maxBitmaps || b.DirectorySize > maxBitmapDirectorySize) {
+			t.Fatalf("bitmaps extension %+v", *b)
+		}
+	})
+}
+
+func FuzzCheck(f *testing.F) {
+	for _, img := range createdImages(f) {
+		data := bytes.TrimRight(img, "\x00")
+		f.Add(data, uint64(len(img)-len(data)))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, zeroes uint64) {
+		size := int64(min(uint64(len(data))+zeroes, maxFuzzFileSize))
+		ctx, cancel := context.WithTimeout(context.Background(), maxFuzzDuration)
+		defer cancel()
+		// runtime/metrics, not runtime.ReadMemStats: stopping the world
+		// at every exec cut the fuzzer to a few execs a second.
+		allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+		metrics.Read(allocs)
+		before := allocs[0].Value.Uint64()
+		// The fuzzing engine does not time an input out: a loop that
+		// does not look at ctx would hang it.
+		watchdog := time.AfterFunc(2*maxFuzzDuration, func() {
+			panic(fmt.Sprintf("checking %d bytes followed by zeroes up to %d hangs", len(data), size))
+		})
+		defer watchdog.Stop()
+		res, err := check(ctx, zeroPadded(data), size)
+		metrics.Read(allocs)
+		if allocated := allocs[0].Value.Uint64() - before; allocated > maxFuzzAlloc {
+			t.Fatalf("checking %d bytes followed by zeroes up to %d allocated %d bytes", len(data), size, allocated)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("checking %d bytes followed by zeroes up to %d took more than %s", len(data), size, maxFuzzDuration)
+		}
+		if err != nil {
+			return
+		}
+		problems := res.Corruptions + res.Leaks
+		switch {
+		case len(res.Problems) > maxMessages:
+			t.Fatalf("%d problems listed", len(res.Problems))
+		case problems == 0 && len(res.Problems) != 0, problems != 0 && len(res.Problems) == 0:
+			t.Fatalf("%s", res)
+		case uint64(res.ImageEndOffset) > (uint64(size)+(1<<maxClusterBits))&^(1<<maxClusterBits-1):
+			t.Fatalf("image end offset %d in a file of %d bytes", res.ImageEndOffset, size)
+		}
+	})
+}
+
+// zeroPadded reads as its bytes followed by zeroes.
+type zeroPadded []byte
+
+var _ io.ReaderAt = zeroPadded(nil)
+
+func (z zeroPadded) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, errors.New("negative offset")
+	}
+	n := 0
+	if off < int64(len(z)) {
+		n = copy(p, z[off:])
+	}
+	clear(p[n:])
+	return len(p), nil
+}
+
+// createdImages are images CreateOverlay writes, with small clusters so
+// that the fuzzing engine mutates few bytes.
+func createdImages(f *testing.F) [][]byte {
+	var images [][]byte
+	for _, opts := range []Options{
+		{ClusterSize: 512},
+		{ClusterSize: 4096, LazyRefcounts: true},
+		{ClusterSize: 16 << 10, ExtendedL2: true},
+	} {
+		img, err := newLayout("/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img", "raw", 1<<30, opts)
+		if err != nil {
+			f.Fatal(err)
+		}
+		images = append(images, img)
+	}
+	return images
+}
+
+// firstCluster is the header cluster of an image without its trailing
+// zeroes.
+func firstCluster(img []byte) []byte {
+	cs := uint64(1) << (img[23] & 0x1f)
+	return bytes.TrimRight(img[:min(cs, uint64(len(img)))], "\x00")
+}
+
+// The images of the seed corpus: what qemu-img and qemu-io write over a
+// backing file, with 512-byte clusters (unless they need larger ones) so
+// that each is a few KiB.
+var seedImages = []struct {
+	name    string
+	options string
+	// commands are qemu-io commands run together, or a qemu-img command
+	// in which "IMAGE" stands for the image.
+	commands [][]string
+	// zeroes past the image: it lies in a longer sparse file.
+	zeroes uint64
+	// headerOnly: the image is too large a seed for FuzzCheck.
+	headerOnly bool
+	// noBacking: the image has no backing file. The others are written
+	// over one in a temporary directory and then name another, and
+	// qemu-img repairs a dirty image as it renames its backing.
+	noBacking bool
+}{
+	{name: "empty"},
+	{name: "writes", commands: [][]string{{"write -P 0xa5 0 4k"}, {"write -P 0x5a 700k 1k"}}},
+	{name: "sparse", commands: [][]string{{"write -P 0xa5 0 2k"}}, zeroes: 4 << 30},
+	{name: "compressed", commands: [][]string{{"write -c -P 0x11 0 512"}, {"write -c 64k 512"}, {"write 128k 1k"}}},
+	{name: "zeroes-and-discards", commands: [][]string{{"write 0 4k"}, {"write -z 1k 1k"}, {"discard 2k 1k"}, {"write -z 600k 4k"}}},
+	{name: "refcount-bits-1", options: "refcount_bits=1", commands: [][]string{{"write 0 4k"}}},
+	{name: "refcount-bits-64", options: "refcount_bits=64", commands: [][]string{{"write 0 4k"}}},
+	{name: "lazy-refcounts-dirty", options: "lazy_refcounts=on", commands: [][]string{{"write 0 2k", "abort"}}, noBacking: true},
+	{name: "bitmaps", commands: [][]string{
+		{"qemu-img", "bitmap", "--add", "IMAGE", "checkpoint-1"}, {"write 0 2k"},
+		{"qemu-img", "bitmap", "--add", "IMAGE", "checkpoint-2"}, {"write 512k 1k"},
+	}},
+	{name: "version-2", options: "compat=0.10", commands: [][]string{{"write 0 2k"}}},
+	{name: "snapshot", commands: [][]string{{"write 0 1k"}, {"qemu-img", "snapshot", "-c", "s1", "IMAGE"}, {"write 0 512"}}},
+	{name: "extended-l2", options: "cluster_size=16k,extended_l2=on", commands: [][]string{{"write 0 4k"}, {"write -z 64k 16k"}}, headerOnly: true},
+}
+
+// TestFuzzSeeds rewrites the seed corpus with -update-fuzz-seeds.
+func TestFuzzSeeds(t *testing.T) {
+	if !*updateFuzzSeeds {
+		t.Skip("rewrites the seed corpus with -update-fuzz-seeds")
+	}
+	dir := t.TempDir()
+	backing := filepath.Join(dir, "golden.raw")
+	if err := os.WriteFile(backing, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, seed := range seedImages {
+		path := filepath.Join(dir, seed.name+".qcow2")
+		create := []string{"create", "-q", "-f", "qcow2", "-o", "cluster_size=512"}
+		if !seed.noBacking {
+			create = append(create, "-b", backing, "-F", "raw")
+		}
+		if seed.options != "" {
+			create = append(create, "-o", seed.options)
+		}
+		runTool(t, "qemu-img", append(create, path, "1M")...)
+		for _, c := range seed.commands {
+			if c[0] == "qemu-img" {
+				args := slices.Clone(c[1:])
+				args[slices.Index(args, "IMAGE")] = path
+				runTool(t, "qemu-img", args...)
+				continue
+			}
+			args := []string{"-f", "qcow2"}
+			for _, io := range c {
+				args = append(args, "-c", io)
+			}
+			// abort leaves the image as a crash would, and qemu-io with it.
+			cmd := exec.Command("qemu-io", append(args, path)...)
+			cmd.Dir = dir
+			_ = cmd.Run()
+		}
+		if !seed.noBacking {
+			// The corpus must not name a path of this machine.
+			runTool(t, "qemu-img", "rebase", "-u", "-f", "qcow2", "-b", "/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img", "-F", "raw", path)
+		}
+
+		img, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeSeed(t, "FuzzReadHeader", seed.name, firstCluster(img))
+		if !seed.headerOnly {
+			data := bytes.TrimRight(img, "\x00")
+			writeSeed(t, "FuzzCheck", seed.name, data, uint64(len(img)-len(data))+seed.zeroes)
+		}
+	}
+}
+
+func runTool(t *testing.T, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v: %s", name, args, err, out)
+	}
+}
+
+// writeSeed writes a corpus entry in the format of go test fuzz v1.
+func writeSeed(t *testing.T, target, name string, data []byte, more ...uint64) {
+	t.Helper()
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "go test fuzz v1\n[]byte(%q)\n", data)
+	for _, v := range more {
+		fmt.Fprintf(&b, "uint64(%d)\n", v)
+	}
+	dir := filepath.Join("testdata", "fuzz", target)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "qemu-"+name), b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
