@@ -37,6 +37,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/blockdev"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 )
 
@@ -163,7 +164,7 @@ func (s Spec) validate() error {
 	if s.Identity != "" && s.Identity != IdentitySampled && s.Identity != IdentityFull {
 		return fmt.Errorf("unknown identity method %q", s.Identity)
 	}
-	if isBlockDevice(s.Path) && s.RecordPath == "" {
+	if blockdev.Is(s.Path) && s.RecordPath == "" {
 		return fmt.Errorf("an overlay on a block device needs a record path")
 	}
 	return nil
@@ -180,7 +181,7 @@ func (s Spec) exists() (bool, error) {
 		return false, err
 	case fi.Mode().IsRegular():
 		return true, nil
-	case isBlockDevice(s.Path):
+	case blockdev.Is(s.Path):
 		_, err := os.Stat(s.recordPath())
 		if errors.Is(err, os.ErrNotExist) {
 			return false, nil
@@ -260,7 +261,7 @@ func (m Manager) create(ctx context.Context, spec Spec) (*Record, error) {
 	backing.LocalPath = ""
 	rec := &Record{Version: 1, Backing: backing, Size: size, Identity: id}
 
-	if isBlockDevice(spec.Path) {
+	if blockdev.Is(spec.Path) {
 		// In place; the record, written last, marks the device as holding
 		// a trusted overlay.
 		if err := m.Images.CreateOverlay(ctx, spec.Path, spec.Backing, size, spec.Options); err != nil {
@@ -314,7 +315,7 @@ func (m Manager) Remove(spec Spec) error {
 	if spec.Persistent {
 		return fmt.Errorf("remove overlay %s: refusing to remove a persistent overlay", spec.Path)
 	}
-	if isBlockDevice(spec.Path) {
+	if blockdev.Is(spec.Path) {
 		return fmt.Errorf("remove overlay %s: refusing to remove a block device", spec.Path)
 	}
 	for _, p := range []string{spec.Path, spec.recordPath()} {
@@ -383,9 +384,4 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
-}
-
-func isBlockDevice(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0
 }

@@ -33,6 +33,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/blockdev"
 )
 
 // Formats a backing image may have.
@@ -151,7 +153,7 @@ func WithoutBacking(path, format string) string {
 		format = FormatQcow2
 	}
 	protocol := "file"
-	if isBlockDevice(path) {
+	if blockdev.Is(path) {
 		protocol = "host_device"
 	}
 	spec, _ := json.Marshal(map[string]any{
@@ -203,7 +205,7 @@ func (t Tool) CreateOverlay(ctx context.Context, path, backing, backingFormat st
 	if o := opts.qemuOptions(); o != "" {
 		args = append(args, "-o", o)
 	}
-	if isBlockDevice(path) {
+	if blockdev.Is(path) {
 		args = append(args, path)
 		if opts.Size > 0 {
 			args = append(args, strconv.FormatInt(opts.Size, 10))
@@ -234,11 +236,6 @@ func (t Tool) CreateOverlay(ctx context.Context, path, backing, backingFormat st
 		return fmt.Errorf("create overlay %s: %w", path, err)
 	}
 	return syncFile(filepath.Dir(path))
-}
-
-func isBlockDevice(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0
 }
 
 func syncFile(path string) error {
@@ -316,7 +313,7 @@ func (t Tool) Rebase(ctx context.Context, path, backing, backingFormat string) e
 // written in place rather than created.
 func (t Tool) Convert(ctx context.Context, src, srcFormat, dst, dstFormat string) error {
 	args := []string{"convert", "-q", "-f", srcFormat, "-O", dstFormat}
-	if isBlockDevice(dst) {
+	if blockdev.Is(dst) {
 		args = append(args, "-n")
 	}
 	if _, err := t.run(ctx, append(args, src, dst)...); err != nil {

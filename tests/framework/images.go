@@ -29,6 +29,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/blockdev"
 )
 
 // CreateBootDisk creates a sparse raw image of size bytes holding the test
@@ -184,34 +186,23 @@ func QemuIO(ctx context.Context, image, format string, commands ...string) (stri
 	return out, nil
 }
 
-// OverlayAlone names a qcow2 overlay (image file or block device) without
-// its backing, for qemu-img and qemu-io: only what the overlay holds
-// itself, zeros elsewhere.
-func OverlayAlone(overlay string) string {
-	return jsonName(map[string]any{"driver": "qcow2", "backing": nil, "file": protocolNode(overlay)})
-}
-
 // OverlayOver names a qcow2 overlay over backing in backingFormat, for an
 // overlay whose header names its backing where this host does not have it
 // (a path of the compute container).
 func OverlayOver(overlay, backing, backingFormat string) string {
-	return jsonName(map[string]any{
+	// Maps of strings and nil always marshal.
+	data, _ := json.Marshal(map[string]any{
 		"driver":  "qcow2",
 		"file":    protocolNode(overlay),
 		"backing": map[string]any{"driver": backingFormat, "file": protocolNode(backing)},
 	})
+	return "json:" + string(data)
 }
 
 func protocolNode(path string) map[string]any {
 	driver := "file"
-	if info, err := os.Stat(path); err == nil && info.Mode()&os.ModeDevice != 0 && info.Mode()&os.ModeCharDevice == 0 {
+	if blockdev.Is(path) {
 		driver = "host_device"
 	}
 	return map[string]any{"driver": driver, "filename": path}
-}
-
-func jsonName(node map[string]any) string {
-	// Maps of strings and nil always marshal.
-	data, _ := json.Marshal(node)
-	return "json:" + string(data)
 }

@@ -39,6 +39,7 @@ import (
 
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -406,7 +407,7 @@ func (d *demo) waitAndStop(ctx context.Context) (time.Duration, error) {
 // and none of the others'.
 func (d *demo) checkIsolation(ctx context.Context) error {
 	for _, v := range d.vms {
-		alone := framework.OverlayAlone(v.overlay)
+		alone := qcow2.WithoutBacking(v.overlay, qcow2.FormatQcow2)
 		if err := framework.VerifyGuestWrites(ctx, alone, "", v.guest); err != nil {
 			return fmt.Errorf("%s: %w", v.name, err)
 		}
@@ -477,7 +478,7 @@ func (d *demo) prepareAgain(ctx context.Context) error {
 			if !os.SameFile(info, v.created) {
 				return fmt.Errorf("%s: the persistent overlay %s was made anew", v.name, v.overlay)
 			}
-			if err := framework.VerifyGuestWrites(ctx, framework.OverlayAlone(v.overlay), "", v.guest); err != nil {
+			if err := framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(v.overlay, qcow2.FormatQcow2), "", v.guest); err != nil {
 				return fmt.Errorf("%s: the persistent overlay lost its data: %w", v.name, err)
 			}
 		} else if err := checkEmpty(ctx, v.overlay, v.guest); err != nil {
@@ -490,7 +491,7 @@ func (d *demo) prepareAgain(ctx context.Context) error {
 
 // checkEmpty checks that an overlay holds nothing where the guest wrote.
 func checkEmpty(ctx context.Context, overlay string, p framework.GuestParams) error {
-	data, err := framework.ReadSectors(ctx, framework.OverlayAlone(overlay), "", p.StartLBA, uint64(p.Sectors))
+	data, err := framework.ReadSectors(ctx, qcow2.WithoutBacking(overlay, qcow2.FormatQcow2), "", p.StartLBA, uint64(p.Sectors))
 	if err != nil {
 		return err
 	}
@@ -531,7 +532,7 @@ func (d *demo) reboot(ctx context.Context) error {
 
 func (d *demo) checkAfterRestart(ctx context.Context) error {
 	for _, v := range d.vms {
-		alone := framework.OverlayAlone(v.overlay)
+		alone := qcow2.WithoutBacking(v.overlay, qcow2.FormatQcow2)
 		if v.persistent {
 			for _, p := range []framework.GuestParams{v.guest, persistentSecondBoot} {
 				if err := framework.VerifyGuestWrites(ctx, alone, "", p); err != nil {
