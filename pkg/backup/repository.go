@@ -52,7 +52,8 @@ type Repository struct {
 	Now func() time.Time
 	// Retries bounds the attempts of one transfer; zero means 3.
 	Retries int
-	// RetryDelay is the first pause between attempts; zero means 1 s.
+	// RetryDelay is the first pause between attempts, doubled for each
+	// later one; zero means 1 s.
 	RetryDelay time.Duration
 	// Legacy, when set, is a store where earlier releases kept backups
 	// (catalog.LegacyRoot). ResolveChain and Restore read a backup there

@@ -29,6 +29,9 @@ import (
 	"os"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/retry"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 )
 
@@ -64,8 +67,8 @@ type uploaded struct {
 }
 
 // uploadFile streams a local file to key, hashing it on the way; the store
-// keeps memory bounded by sending parts. A failed attempt starts over from
-// the file's beginning, up to r.retries() times.
+// keeps memory bounded by sending parts. A failed attempt that may pass
+// starts over from the file's beginning, as r.backoff says.
 func (r *Repository) uploadFile(ctx context.Context, key, path string, progress Progress) (uploaded, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -76,29 +79,24 @@ func (r *Repository) uploadFile(ctx context.Context, key, path string, progress 
 	if err != nil {
 		return uploaded{}, fmt.Errorf("upload %s: %w", path, err)
 	}
-	var lastErr error
-	for attempt := 1; attempt <= r.retries(); attempt++ {
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return uploaded{}, fmt.Errorf("upload %s: %w", path, err)
-		}
-		h := sha256.New()
-		src := &counter{r: io.TeeReader(f, h), total: st.Size(), object: key, progress: progress}
-		info, err := r.Store.Put(ctx, key, src, st.Size(), objectstore.PutOptions{})
-		if err == nil {
-			if src.done != st.Size() {
-				return uploaded{}, fmt.Errorf("upload %s: read %d bytes, file has %d (changed while uploading?)", path, src.done, st.Size())
-			}
-			return uploaded{Size: st.Size(), SHA256: hex.EncodeToString(h.Sum(nil)), ETag: info.ETag}, nil
-		}
-		lastErr = err
-		if ctx.Err() != nil {
-			break
-		}
-		if err := r.sleep(ctx, attempt); err != nil {
-			break
-		}
+	var (
+		h    hash.Hash
+		src  *counter
+		info objectstore.ObjectInfo
+	)
+	err = retry.OnError(ctx, r.backoff(), objectstore.Retryable, func() (err error) {
+		h = sha256.New()
+		src = &counter{r: io.TeeReader(io.NewSectionReader(f, 0, st.Size()), h), total: st.Size(), object: key, progress: progress}
+		info, err = r.Store.Put(ctx, key, src, st.Size(), objectstore.PutOptions{})
+		return err
+	})
+	if err != nil {
+		return uploaded{}, fmt.Errorf("upload %s to %s: %w", path, key, err)
 	}
-	return uploaded{}, fmt.Errorf("upload %s to %s: %w", path, key, lastErr)
+	if src.done != st.Size() {
+		return uploaded{}, fmt.Errorf("upload %s: read %d bytes, file has %d (changed while uploading?)", path, src.done, st.Size())
+	}
+	return uploaded{Size: st.Size(), SHA256: hex.EncodeToString(h.Sum(nil)), ETag: info.ETag}, nil
 }
 
 // ObjectError is a stored object that is not what the index recorded.
@@ -116,31 +114,35 @@ func (r *Repository) downloadFile(ctx context.Context, key string, w io.Writer, 
 	h := sha256.New()
 	dst := io.MultiWriter(w, h)
 	var done int64
-	failures := 0
-	for {
-		n, err := r.copyFrom(ctx, key, dst, done, size, progress)
-		done += n
-		if err == nil {
-			break
+	err := retry.OnError(ctx, r.backoff(), retriableRead, func() error {
+		// A read that moved bytes resumes at once: only reads that move
+		// nothing count as failed attempts.
+		for {
+			n, err := r.copyFrom(ctx, key, dst, done, size, progress)
+			done += n
+			if err == nil || n == 0 || !retriableRead(err) {
+				return err
+			}
 		}
-		var oe *ObjectError
-		if errors.As(err, &oe) || errors.Is(err, objectstore.ErrNotFound) || ctx.Err() != nil {
-			return err
-		}
-		if n == 0 {
-			failures++
-		}
-		if failures >= r.retries() {
-			return fmt.Errorf("download %s: %w", key, err)
-		}
-		if err := r.sleep(ctx, failures); err != nil {
-			return fmt.Errorf("download %s: %w", key, err)
-		}
+	})
+	var oe *ObjectError
+	if errors.As(err, &oe) {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("download %s: %w", key, err)
 	}
 	if done != size {
 		return &ObjectError{Object: key, Reason: fmt.Sprintf("has %d bytes, the index records %d", done, size)}
 	}
 	return verifySum(key, h, sum)
+}
+
+// retriableRead tells a read worth resuming: not of an object that is not
+// what the index recorded.
+func retriableRead(err error) bool {
+	var oe *ObjectError
+	return !errors.As(err, &oe) && objectstore.Retryable(err)
 }
 
 func verifySum(key string, h hash.Hash, want string) error {
@@ -180,24 +182,15 @@ func (r *Repository) hashObject(ctx context.Context, key string, size int64, sum
 	return r.downloadFile(ctx, key, io.Discard, size, sum, nil)
 }
 
-func (r *Repository) retries() int {
-	if r.Retries > 0 {
-		return r.Retries
+// backoff paces the attempts of one transfer: r.Retries of them, with
+// pauses from r.RetryDelay doubling.
+func (r *Repository) backoff() wait.Backoff {
+	b := wait.Backoff{Duration: r.RetryDelay, Factor: 2, Steps: r.Retries}
+	if b.Duration <= 0 {
+		b.Duration = time.Second
 	}
-	return 3
-}
-
-func (r *Repository) sleep(ctx context.Context, attempt int) error {
-	d := r.RetryDelay
-	if d <= 0 {
-		d = time.Second
+	if b.Steps <= 0 {
+		b.Steps = 3
 	}
-	t := time.NewTimer(d * time.Duration(attempt))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return b
 }

@@ -25,10 +25,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"reflect"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/retry"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 )
 
@@ -82,25 +84,31 @@ func (m *VMBackupManifest) setVersion(v int) { m.SchemaVersion = v }
 // torn object.
 const readAttempts = 16
 
+// backoff paces the attempts of a read or write that met another writer:
+// pauses from 5 ms doubling to 200 ms, each stretched at random by up to as
+// much again so that racing writers part.
+func backoff(attempts int) wait.Backoff {
+	return wait.Backoff{Duration: 5 * time.Millisecond, Factor: 2, Jitter: 1, Cap: 200 * time.Millisecond, Steps: attempts}
+}
+
 // read decodes the document at key into doc and returns its ETag; found is
 // false when there is none. A document replaced while it is read, or whose
 // bytes are not the object the store described (fewer than its size, or
 // not its checksum), is read again; a document is never decoded from a
 // torn read.
 func (c *Catalog) read(ctx context.Context, key string, doc versioned) (etag string, found bool, err error) {
-	for attempt := 1; ; attempt++ {
+	err = retry.OnError(ctx, backoff(readAttempts), replacedWhileRead, func() error {
 		etag, found, err = c.readOnce(ctx, key, doc)
-		retry := errors.Is(err, objectstore.ErrPreconditionFailed) || errors.Is(err, objectstore.ErrTornRead)
-		if !retry {
-			return etag, found, err
-		}
-		if attempt >= readAttempts {
-			return "", false, fmt.Errorf("%w (after %d attempts)", err, attempt)
-		}
-		if err := backoff(ctx, attempt); err != nil {
-			return "", false, fmt.Errorf("read %s: %w", key, err)
-		}
+		return err
+	})
+	if err != nil {
+		return "", false, err
 	}
+	return etag, found, nil
+}
+
+func replacedWhileRead(err error) bool {
+	return errors.Is(err, objectstore.ErrPreconditionFailed) || errors.Is(err, objectstore.ErrTornRead)
 }
 
 func (c *Catalog) readOnce(ctx context.Context, key string, doc versioned) (etag string, found bool, err error) {
@@ -133,6 +141,11 @@ func (c *Catalog) readOnce(ctx context.Context, key string, doc versioned) (etag
 	return info.ETag, true, nil
 }
 
+// errLostRace marks a conditional write that another writer's change beat.
+var errLostRace = errors.New("lost to a concurrent writer")
+
+func lostRace(err error) bool { return errors.Is(err, errLostRace) }
+
 // update applies fn to the document at key (a fresh zero document when
 // there is none) and writes the result conditionally, retrying on
 // conflicts. newDoc returns a zero document.
@@ -144,22 +157,20 @@ func update[T any, P interface {
 	if attempts <= 0 {
 		attempts = 32
 	}
-	for attempt := 1; ; attempt++ {
-		doc := P(new(T))
+	var doc P
+	err := retry.OnError(ctx, backoff(attempts), lostRace, func() error {
+		doc = P(new(T))
 		etag, found, err := c.read(ctx, key, doc)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := fn(doc, found); err != nil {
-			if errors.Is(err, ErrUnchanged) {
-				return doc, nil
-			}
-			return nil, err
+			return err
 		}
 		doc.setVersion(SchemaVersion)
 		data, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {
-			return nil, fmt.Errorf("encode %s: %w", key, err)
+			return fmt.Errorf("encode %s: %w", key, err)
 		}
 		cond := objectstore.Condition{IfMatch: etag}
 		if !found {
@@ -167,35 +178,20 @@ func update[T any, P interface {
 		}
 		_, err = c.Store.Put(ctx, key, bytes.NewReader(data), int64(len(data)),
 			objectstore.PutOptions{Condition: cond, ContentType: "application/json"})
-		if err == nil {
-			return doc, nil
-		}
 		// A lost race shows as 412, or as 404 when the object we matched
 		// against was deleted meanwhile.
-		if !errors.Is(err, objectstore.ErrPreconditionFailed) && !errors.Is(err, objectstore.ErrNotFound) {
-			return nil, fmt.Errorf("write %s: %w", key, err)
+		if errors.Is(err, objectstore.ErrPreconditionFailed) || errors.Is(err, objectstore.ErrNotFound) {
+			return fmt.Errorf("write %s: %w: %w", key, errLostRace, err)
 		}
-		if attempt >= attempts {
-			return nil, fmt.Errorf("write %s: still conflicting after %d attempts: %w", key, attempt, err)
+		if err != nil {
+			return fmt.Errorf("write %s: %w", key, err)
 		}
-		if err := backoff(ctx, attempt); err != nil {
-			return nil, fmt.Errorf("write %s: %w", key, err)
-		}
-	}
-}
-
-// backoff waits a jittered, growing delay before retry attempt+1.
-func backoff(ctx context.Context, attempt int) error {
-	limit := 5 * time.Millisecond << min(attempt, 7)
-	d := time.Duration(rand.Int64N(int64(limit))) + time.Millisecond
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
 		return nil
+	})
+	if err != nil && !errors.Is(err, ErrUnchanged) {
+		return nil, err
 	}
+	return doc, nil
 }
 
 // VMIndex reads a VM's index; a VM with no index gets an empty one.

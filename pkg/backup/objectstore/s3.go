@@ -352,3 +352,21 @@ func (s *S3) wrap(op, key string, err error) error {
 	}
 	return fmt.Errorf("s3: %s %s: %w%s", op, key, err, tlsHint(err))
 }
+
+// Retryable reports whether a transfer that failed with err may pass when
+// started again. Not when the context ended, nor when the store refused the
+// request itself: a 4xx answer such as 403, 404 or 412, other than 408 and
+// 429, which ask to come back later. minio-go has already retried each
+// request; a retry here restarts the whole transfer.
+func Retryable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, ErrNotFound) || errors.Is(err, ErrPreconditionFailed) {
+		return false
+	}
+	var resp minio.ErrorResponse
+	if !errors.As(err, &resp) {
+		return true
+	}
+	code := resp.StatusCode
+	return code < 400 || code >= 500 || code == http.StatusRequestTimeout || code == http.StatusTooManyRequests
+}
