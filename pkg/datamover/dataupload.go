@@ -45,6 +45,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
@@ -162,7 +163,7 @@ func (r *DataUploadReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Ma
 		Watches(&velerov2.DataUpload{}, handler.EnqueueRequestsFromMapFunc(r.siblings)).
 		Watches(&velerov1.BackupStorageLocation{}, handler.EnqueueRequestsFromMapFunc(r.usersOfLocation)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataUpload))).
-		Watches(newUnstructured(VMBackupGVK), handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataUpload))).
+		Watches(kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK), handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataUpload))).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("set up the DataUpload controller: %w", err)
@@ -323,14 +324,14 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 	if err != nil {
 		return err
 	}
-	u := newUnstructured(VMBackupGVK)
+	u := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
 	if err := r.Client.Get(ctx, j.key(), u); apierrors.IsNotFound(err) {
 		return r.startBackup(ctx, j, bsl)
 	} else if err != nil {
 		return fmt.Errorf("get VirtualMachineBackup %s: %w", j.key(), err)
 	}
-	vmb := &VMBackup{}
-	if err := FromUnstructured(u, vmb); err != nil {
+	vmb := &kubevirtbackup.VMBackup{}
+	if err := kubevirtbackup.FromUnstructured(u, vmb); err != nil {
 		return err
 	}
 	if failed, msg := vmb.Failed(); failed {
@@ -431,13 +432,13 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	return waitFor("WaitingForVMBackup", 0, "waiting for VirtualMachineBackup %s", j.key())
 }
 
-func (r *DataUploadReconciler) planOptions(j *uploadJob, tracker *VMBackupTracker) (backup.PlanOptions, error) {
+func (r *DataUploadReconciler) planOptions(j *uploadJob, tracker *kubevirtbackup.VMBackupTracker) (backup.PlanOptions, error) {
 	opts := backup.PlanOptions{
 		ForceFull:             j.du.Annotations[AnnotationForceFull] == "true",
 		MaxChainLength:        r.Config.MaxChainLength,
 		HypervisorCheckpoints: []string{},
 	}
-	if c := tracker.latestCheckpoint(); c != "" {
+	if c := tracker.LatestCheckpoint(); c != "" {
 		opts.HypervisorCheckpoints = []string{c}
 	}
 	if v, ok := j.du.Spec.DataMoverConfig[ConfigMaxChainLength]; ok {
@@ -453,13 +454,13 @@ func (r *DataUploadReconciler) planOptions(j *uploadJob, tracker *VMBackupTracke
 // ensureTracker returns the VM's tracker, creating it when it is missing and
 // replacing one that tracks something else. A new tracker knows no
 // checkpoint, so the next backup is full.
-func (r *DataUploadReconciler) ensureTracker(ctx context.Context, j *uploadJob) (*VMBackupTracker, error) {
+func (r *DataUploadReconciler) ensureTracker(ctx context.Context, j *uploadJob) (*kubevirtbackup.VMBackupTracker, error) {
 	key := client.ObjectKey{Namespace: j.vm.Namespace, Name: trackerName(j.vm.Name)}
-	u := newUnstructured(VMBackupTrackerGVK)
+	u := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupTrackerGVK)
 	err := r.Client.Get(ctx, key, u)
 	if err == nil {
-		t := &VMBackupTracker{}
-		if err := FromUnstructured(u, t); err != nil {
+		t := &kubevirtbackup.VMBackupTracker{}
+		if err := kubevirtbackup.FromUnstructured(u, t); err != nil {
 			return nil, err
 		}
 		src := t.Spec.Source
@@ -476,11 +477,11 @@ func (r *DataUploadReconciler) ensureTracker(ctx context.Context, j *uploadJob) 
 		return nil, fmt.Errorf("get VirtualMachineBackupTracker %s: %w", key, err)
 	}
 	group := kubevirtv1.SchemeGroupVersion.Group
-	t := &VMBackupTracker{
+	t := &kubevirtbackup.VMBackupTracker{
 		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: map[string]string{LabelVM: j.vm.Name}},
-		Spec:       VMBackupTrackerSpec{Source: corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VirtualMachine", Name: j.vm.Name}},
+		Spec:       kubevirtbackup.VMBackupTrackerSpec{Source: corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VirtualMachine", Name: j.vm.Name}},
 	}
-	u, err = ToUnstructured(t, VMBackupTrackerGVK)
+	u, err = kubevirtbackup.ToUnstructured(t, kubevirtbackup.VMBackupTrackerGVK)
 	if err != nil {
 		return nil, err
 	}
@@ -512,23 +513,23 @@ func (r *DataUploadReconciler) createClaim(ctx context.Context, j *uploadJob, si
 	return nil
 }
 
-func (r *DataUploadReconciler) createVMBackup(ctx context.Context, j *uploadJob, tracker *VMBackupTracker, plan *backup.Plan, disks []vmDisk) error {
+func (r *DataUploadReconciler) createVMBackup(ctx context.Context, j *uploadJob, tracker *kubevirtbackup.VMBackupTracker, plan *backup.Plan, disks []vmDisk) error {
 	meta := j.meta()
 	meta.Annotations[AnnotationPlanType] = string(plan.Type)
 	meta.Annotations[AnnotationPlanParent] = plan.Parent
 	meta.Annotations[AnnotationPlanReason] = plan.Reason
 	meta.Annotations[AnnotationDisks] = formatDisks(disks)
 	group := "backup.kubevirt.io"
-	vmb := &VMBackup{
+	vmb := &kubevirtbackup.VMBackup{
 		ObjectMeta: meta,
-		Spec: VMBackupSpec{
-			Source:          corev1.TypedLocalObjectReference{APIGroup: &group, Kind: VMBackupTrackerGVK.Kind, Name: tracker.Name},
-			Mode:            BackupModePush,
+		Spec: kubevirtbackup.VMBackupSpec{
+			Source:          corev1.TypedLocalObjectReference{APIGroup: &group, Kind: kubevirtbackup.VMBackupTrackerGVK.Kind, Name: tracker.Name},
+			Mode:            kubevirtbackup.BackupModePush,
 			PVCName:         j.name,
 			ForceFullBackup: plan.Type == catalog.Full,
 		},
 	}
-	u, err := ToUnstructured(vmb, VMBackupGVK)
+	u, err := kubevirtbackup.ToUnstructured(vmb, kubevirtbackup.VMBackupGVK)
 	if err != nil {
 		return err
 	}
@@ -565,7 +566,7 @@ func parseDisks(s string) ([]mover.Disk, map[string]string, error) {
 
 // upload runs the upload pod and finishes with its result.
 func (r *DataUploadReconciler) upload(ctx context.Context, j *uploadJob) error {
-	u := newUnstructured(VMBackupGVK)
+	u := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
 	if err := r.Client.Get(ctx, j.key(), u); err != nil {
 		if apierrors.IsNotFound(err) {
 			return fatal("VirtualMachineBackup %s disappeared", j.key())
@@ -605,8 +606,8 @@ func (r *DataUploadReconciler) upload(ctx context.Context, j *uploadJob) error {
 }
 
 func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u *unstructured.Unstructured) error {
-	vmb := &VMBackup{}
-	if err := FromUnstructured(u, vmb); err != nil {
+	vmb := &kubevirtbackup.VMBackup{}
+	if err := kubevirtbackup.FromUnstructured(u, vmb); err != nil {
 		return err
 	}
 	opts, err := r.uploadOptions(ctx, j, vmb, u)
@@ -635,7 +636,7 @@ func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u 
 
 // uploadOptions tells the pod what KubeVirt wrote. A backup KubeVirt took
 // full where an incremental was planned is uploaded as full.
-func (r *DataUploadReconciler) uploadOptions(ctx context.Context, j *uploadJob, vmb *VMBackup, u *unstructured.Unstructured) (mover.UploadOptions, error) {
+func (r *DataUploadReconciler) uploadOptions(ctx context.Context, j *uploadJob, vmb *kubevirtbackup.VMBackup, u *unstructured.Unstructured) (mover.UploadOptions, error) {
 	disks, sizes, err := parseDisks(vmb.Annotations[AnnotationDisks])
 	if err != nil {
 		return mover.UploadOptions{}, fatal("VirtualMachineBackup %s: %w", j.key(), err)
@@ -665,13 +666,13 @@ func (r *DataUploadReconciler) uploadOptions(ctx context.Context, j *uploadJob, 
 	}
 	planned := catalog.CheckpointType(vmb.Annotations[AnnotationPlanType])
 	switch vmb.Status.Type {
-	case BackupTypeFull:
+	case kubevirtbackup.BackupTypeFull:
 		opts.Type = catalog.Full
 		if planned == catalog.Incremental {
 			r.Recorder.Eventf(j.du, corev1.EventTypeWarning, "FullInsteadOfIncremental",
 				"KubeVirt took a full backup where an incremental from %s was planned", vmb.Annotations[AnnotationPlanParent])
 		}
-	case BackupTypeIncremental:
+	case kubevirtbackup.BackupTypeIncremental:
 		if planned != catalog.Incremental {
 			return opts, fatal("VirtualMachineBackup %s is incremental where a full backup was asked for", j.key())
 		}
@@ -682,7 +683,7 @@ func (r *DataUploadReconciler) uploadOptions(ctx context.Context, j *uploadJob, 
 	if opts.VMBackupJSON, err = archiveJSON(u); err != nil {
 		return opts, err
 	}
-	t := newUnstructured(VMBackupTrackerGVK)
+	t := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupTrackerGVK)
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: j.vm.Namespace, Name: vmb.Spec.Source.Name}, t); err == nil {
 		if opts.TrackerJSON, err = archiveJSON(t); err != nil {
 			return opts, err
@@ -775,7 +776,7 @@ func (r *DataUploadReconciler) cleanup(ctx context.Context, j *uploadJob) error 
 
 func (r *DataUploadReconciler) deleteTemporaries(ctx context.Context, j *uploadJob) error {
 	meta := metav1.ObjectMeta{Name: j.name, Namespace: j.vm.Namespace}
-	vmb := newUnstructured(VMBackupGVK)
+	vmb := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
 	vmb.SetName(j.name)
 	vmb.SetNamespace(j.vm.Namespace)
 	return deleteAll(ctx, r.Client,

@@ -42,6 +42,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore/objectstoretest"
@@ -216,7 +217,7 @@ var _ = Describe("the DataUpload controller facing API errors", func() {
 	}
 
 	vmBackupExists := func() bool {
-		u := newUnstructured(VMBackupGVK)
+		u := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
 		err := c.Get(ctx, client.ObjectKey{Namespace: "prod", Name: "kubevirt-backup-nightly-db"}, u)
 		if apierrors.IsNotFound(err) {
 			return false

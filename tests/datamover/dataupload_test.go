@@ -34,6 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/backup/s3server"
@@ -81,7 +82,7 @@ var _ = Describe("DataUpload", func() {
 
 		By("the tracker, kept for the next backup, holding KubeVirt's checkpoint")
 		tracker := &unstructured.Unstructured{}
-		tracker.SetGroupVersionKind(datamover.VMBackupTrackerGVK)
+		tracker.SetGroupVersionKind(kubevirtbackup.VMBackupTrackerGVK)
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: vm.namespace, Name: "datamover-" + vm.name}, tracker)).To(Succeed())
 		latest, _, _ := unstructured.NestedString(tracker.Object, "status", "latestCheckpoint", "name")
 		Expect(latest).To(Equal(full.ID))

@@ -37,6 +37,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
@@ -209,7 +210,7 @@ func temporaryName(du *velerov2.DataUpload) string { return "kubevirt-backup-" +
 
 func vmBackupOf(du *velerov2.DataUpload) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(datamover.VMBackupGVK)
+	u.SetGroupVersionKind(kubevirtbackup.VMBackupGVK)
 	u.SetNamespace(du.Spec.SourceNamespace)
 	u.SetName(temporaryName(du))
 	return u

@@ -37,6 +37,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
@@ -113,14 +114,14 @@ func everyTick(ctx context.Context, name string, step func(context.Context) erro
 
 func (k *kubeVirtStandIn) step(ctx context.Context) error {
 	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(datamover.VMBackupGVK.GroupVersion().WithKind("VirtualMachineBackupList"))
+	list.SetGroupVersionKind(kubevirtbackup.VMBackupGVK.GroupVersion().WithKind("VirtualMachineBackupList"))
 	if err := k.c.List(ctx, list); err != nil {
 		return fmt.Errorf("list VirtualMachineBackups: %w", err)
 	}
 	for i := range list.Items {
 		u := &list.Items[i]
-		vmb := &datamover.VMBackup{}
-		if err := datamover.FromUnstructured(u, vmb); err != nil {
+		vmb := &kubevirtbackup.VMBackup{}
+		if err := kubevirtbackup.FromUnstructured(u, vmb); err != nil {
 			return err
 		}
 		if failed, _ := vmb.Failed(); failed || vmb.Succeeded() || vmb.DeletionTimestamp != nil {
@@ -133,14 +134,14 @@ func (k *kubeVirtStandIn) step(ctx context.Context) error {
 	return nil
 }
 
-func (k *kubeVirtStandIn) execute(ctx context.Context, u *unstructured.Unstructured, vmb *datamover.VMBackup) error {
+func (k *kubeVirtStandIn) execute(ctx context.Context, u *unstructured.Unstructured, vmb *kubevirtbackup.VMBackup) error {
 	tu := &unstructured.Unstructured{}
-	tu.SetGroupVersionKind(datamover.VMBackupTrackerGVK)
+	tu.SetGroupVersionKind(kubevirtbackup.VMBackupTrackerGVK)
 	if err := k.c.Get(ctx, client.ObjectKey{Namespace: vmb.Namespace, Name: vmb.Spec.Source.Name}, tu); err != nil {
 		return fmt.Errorf("tracker: %w", err)
 	}
-	tracker := &datamover.VMBackupTracker{}
-	if err := datamover.FromUnstructured(tu, tracker); err != nil {
+	tracker := &kubevirtbackup.VMBackupTracker{}
+	if err := kubevirtbackup.FromUnstructured(tu, tracker); err != nil {
 		return err
 	}
 	vmName := tracker.Spec.Source.Name
@@ -158,7 +159,7 @@ func (k *kubeVirtStandIn) execute(ctx context.Context, u *unstructured.Unstructu
 	case hold:
 		return nil
 	case failWith != "":
-		return k.setStatus(ctx, u, map[string]any{"conditions": []any{condition(datamover.ConditionFailed, failWith)}})
+		return k.setStatus(ctx, u, map[string]any{"conditions": []any{condition(kubevirtbackup.ConditionFailed, failWith)}})
 	}
 	parent := ""
 	if !vmb.Spec.ForceFullBackup && tracker.Status != nil && tracker.Status.LatestCheckpoint != nil {
@@ -182,14 +183,14 @@ func (k *kubeVirtStandIn) execute(ctx context.Context, u *unstructured.Unstructu
 			return err
 		}
 	}
-	typ := datamover.BackupTypeFull
+	typ := kubevirtbackup.BackupTypeFull
 	if parent != "" {
-		typ = datamover.BackupTypeIncremental
+		typ = kubevirtbackup.BackupTypeIncremental
 	}
 	volumes := []any{map[string]any{"volumeName": standInVolume, "diskTarget": "vda"}}
 	if err := k.setStatus(ctx, u, map[string]any{
 		"type": typ, "checkpointName": checkpoint, "includedVolumes": volumes,
-		"conditions": []any{condition(datamover.ConditionComplete, "backup completed")},
+		"conditions": []any{condition(kubevirtbackup.ConditionComplete, "backup completed")},
 	}); err != nil {
 		return err
 	}

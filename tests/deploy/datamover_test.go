@@ -37,6 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 )
 
@@ -161,8 +162,8 @@ var _ = Describe("deploy/datamover", Ordered, func() {
 
 func vmBackupList() *unstructured.UnstructuredList {
 	l := &unstructured.UnstructuredList{}
-	l.SetAPIVersion(datamover.VMBackupGVK.GroupVersion().String())
-	l.SetKind(datamover.VMBackupGVK.Kind + "List")
+	l.SetAPIVersion(kubevirtbackup.VMBackupGVK.GroupVersion().String())
+	l.SetKind(kubevirtbackup.VMBackupGVK.Kind + "List")
 	return l
 }
 

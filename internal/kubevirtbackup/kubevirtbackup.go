@@ -16,7 +16,13 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-package datamover
+// Package kubevirtbackup mirrors the part of KubeVirt's backup API
+// (backup.kubevirt.io/v1alpha1) that the datamover uses. The API first
+// ships in kubevirt.io/api v1.9.0, while this module pins v1.7.0: the
+// fields used are mirrored in minimal local types and exchanged with the
+// API server as unstructured objects. Drop the package for KubeVirt's own
+// types once the module moves to v1.9.0.
+package kubevirtbackup
 
 import (
 	"fmt"
@@ -28,10 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// KubeVirt's backup API (backup.kubevirt.io/v1alpha1) first ships in
-// kubevirt.io/api v1.9.0, while this module pins v1.7.0; the fields used
-// here are mirrored in minimal local types and exchanged with the API server
-// as unstructured objects.
+// The kinds mirrored.
 var (
 	VMBackupGVK        = schema.GroupVersionKind{Group: "backup.kubevirt.io", Version: "v1alpha1", Kind: "VirtualMachineBackup"}
 	VMBackupTrackerGVK = schema.GroupVersionKind{Group: "backup.kubevirt.io", Version: "v1alpha1", Kind: "VirtualMachineBackupTracker"}
@@ -123,10 +126,10 @@ func (b *VMBackup) Succeeded() bool { ok, _ := b.condition(ConditionComplete); r
 // Failed reports a failed backup and why.
 func (b *VMBackup) Failed() (bool, string) { return b.condition(ConditionFailed) }
 
-// latestCheckpoint is the tracker's checkpoint an incremental can start
+// LatestCheckpoint is the tracker's checkpoint an incremental can start
 // from, or empty. A checkpoint KubeVirt still has to redefine after a VM
 // restart is not yet usable.
-func (t *VMBackupTracker) latestCheckpoint() string {
+func (t *VMBackupTracker) LatestCheckpoint() string {
 	if t.Status == nil || t.Status.LatestCheckpoint == nil {
 		return ""
 	}
@@ -155,7 +158,8 @@ func FromUnstructured(u *unstructured.Unstructured, obj any) error {
 	return nil
 }
 
-func newUnstructured(gvk schema.GroupVersionKind) *unstructured.Unstructured {
+// NewUnstructured returns an empty object of kind gvk, to read into.
+func NewUnstructured(gvk schema.GroupVersionKind) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(gvk)
 	return u
