@@ -320,6 +320,16 @@ var _ = Describe("overlay volume admission with the OverlayVolumes gate enabled"
 			_, err := create(vmiResource, newVMI(r.volumes...))
 			Expect(err).To(refusedBy(vmiWebhookName, r.field, r.message))
 		}, refusals)
+
+		// virt-launcher cannot pass an overlay through as a SCSI LUN;
+		// KubeVirt's rule that a LUN maps only to a claim refuses it first.
+		It("is refused as a lun", func() {
+			vmi := newVMI(overlayVolume("rootdisk", map[string]any{"backingPVC": claim("golden")}))
+			Expect(unstructured.SetNestedSlice(vmi.Object, []any{map[string]any{"name": "rootdisk", "lun": map[string]any{}}},
+				"spec", "domain", "devices", "disks")).To(Succeed())
+			_, err := create(vmiResource, vmi)
+			Expect(err).To(refusedBy(vmiWebhookName, "spec.domain.devices.disks[0].lun", "can only be mapped to a DataVolume or PersistentVolumeClaim volume"))
+		})
 	})
 
 	Context("a VirtualMachine", func() {
