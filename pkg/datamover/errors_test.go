@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"reflect"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -69,23 +70,7 @@ func (f *fault) hit(verb string, obj client.Object) error {
 	return f.err
 }
 
-func sameKind(a, b client.Object) bool {
-	switch a.(type) {
-	case *corev1.PersistentVolumeClaim:
-		_, ok := b.(*corev1.PersistentVolumeClaim)
-		return ok
-	case *kubevirtv1.VirtualMachine:
-		_, ok := b.(*kubevirtv1.VirtualMachine)
-		return ok
-	case *velerov2.DataUpload:
-		_, ok := b.(*velerov2.DataUpload)
-		return ok
-	case *velerov2.DataDownload:
-		_, ok := b.(*velerov2.DataDownload)
-		return ok
-	}
-	return false
-}
+func sameKind(a, b client.Object) bool { return reflect.TypeOf(a) == reflect.TypeOf(b) }
 
 func (f *fault) funcs() interceptor.Funcs {
 	return interceptor.Funcs{

@@ -1,0 +1,404 @@
+/*
+This file is part of the kubevirt-qcow2 project
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+
+Copyright The kubevirt-qcow2 Authors.
+*/
+
+package datamover
+
+import (
+	"context"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
+	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	testingclock "k8s.io/utils/clock/testing"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore/objectstoretest"
+)
+
+// The objects the DataUpload nightly-db and the DataDownload restore-db
+// create in the VM's namespace.
+const (
+	uploadChild   = "kubevirt-backup-nightly-db"
+	downloadChild = "kubevirt-restore-restore-db"
+)
+
+// step is one reconcile: what it starts from and what it must leave.
+type step struct {
+	objs  []client.Object // besides world()
+	after time.Duration   // since creation; a minute when zero
+
+	phase   string
+	message string // a regular expression
+	event   string // the last event's type and reason; none when empty
+	result  ctrl.Result
+	// creates names objects in prod that must exist afterwards.
+	creates []client.Object
+	// cleaned: the temporary objects are gone and the owner is marked
+	// cleaned up; otherwise it is not marked.
+	cleaned bool
+}
+
+// stepper reconciles one DataUpload or DataDownload with a fake API
+// server, a fake clock and a store in memory.
+type stepper struct {
+	ctx      context.Context
+	c        client.Client
+	clock    *testingclock.FakePassiveClock
+	recorder *record.FakeRecorder
+	store    *objectstoretest.Memory
+}
+
+func newStepper(s step, owner client.Object) *stepper {
+	after := s.after
+	if after == 0 {
+		after = time.Minute
+	}
+	// An object of s replaces the world's of the same kind and name.
+	var objs []client.Object
+	for _, o := range world() {
+		replaced := false
+		for _, n := range s.objs {
+			replaced = replaced || sameKind(o, n) && client.ObjectKeyFromObject(o) == client.ObjectKeyFromObject(n)
+		}
+		if !replaced {
+			objs = append(objs, o)
+		}
+	}
+	return &stepper{ctx: context.Background(), c: fakeAPI(nil, append(append(objs, s.objs...), owner)...),
+		clock: testingclock.NewFakePassiveClock(created.Add(after)), recorder: record.NewFakeRecorder(100),
+		store: objectstoretest.NewMemory()}
+}
+
+func (t *stepper) repository(*location) (*backup.Repository, error) {
+	return backup.NewRepository(t.store), nil
+}
+
+func (t *stepper) exists(o client.Object) bool {
+	err := t.c.Get(t.ctx, client.ObjectKeyFromObject(o), o.DeepCopyObject().(client.Object))
+	if apierrors.IsNotFound(err) {
+		return false
+	}
+	Expect(err).NotTo(HaveOccurred())
+	return true
+}
+
+func (t *stepper) lastEvent() string {
+	last := ""
+	for len(t.recorder.Events) > 0 {
+		last = <-t.recorder.Events
+	}
+	return last
+}
+
+// check compares what the reconcile left with s; owner is read back,
+// before is as it was.
+func (t *stepper) check(s step, res ctrl.Result, err error, before, owner client.Object, phase, message string, temporaries []client.Object) {
+	Expect(err).NotTo(HaveOccurred())
+	Expect(res).To(Equal(s.result))
+	Expect(phase).To(Equal(s.phase))
+	Expect(message).To(MatchRegexp(s.message))
+	if s.event == "" {
+		Expect(t.lastEvent()).To(BeEmpty())
+	} else {
+		Expect(t.lastEvent()).To(HavePrefix(s.event + " "))
+	}
+	for _, o := range s.creates {
+		Expect(t.exists(o)).To(BeTrue(), "%T %s", o, o.GetName())
+	}
+	if s.cleaned {
+		for _, o := range temporaries {
+			Expect(t.exists(o)).To(BeFalse(), "%T %s", o, o.GetName())
+		}
+		Expect(owner.GetAnnotations()).To(HaveKeyWithValue(AnnotationCleanedUp, "true"))
+	} else {
+		Expect(owner.GetAnnotations()[AnnotationCleanedUp]).To(Equal(before.GetAnnotations()[AnnotationCleanedUp]))
+	}
+}
+
+func inProd(name string) metav1.ObjectMeta { return metav1.ObjectMeta{Name: name, Namespace: "prod"} }
+
+// moverPod is an upload or restore pod in phase; a finished one carries
+// message as its termination message.
+func moverPod(name string, phase corev1.PodPhase, message string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: inProd(name), Spec: corev1.PodSpec{NodeName: "node-1"}, Status: corev1.PodStatus{Phase: phase}}
+	if message != "" {
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: PodContainer,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Message: message}}}}
+	}
+	return p
+}
+
+// vmBackup is the VirtualMachineBackup of nightly-db as KubeVirt reports it.
+func vmBackup(status *kubevirtbackup.VMBackupStatus) client.Object {
+	meta := inProd(uploadChild)
+	meta.Annotations = map[string]string{AnnotationDisks: "rootdisk=db-root:1Gi", AnnotationPlanType: string(catalog.Full)}
+	vmb := &kubevirtbackup.VMBackup{ObjectMeta: meta, Status: status,
+		Spec: kubevirtbackup.VMBackupSpec{Source: corev1.TypedLocalObjectReference{Kind: kubevirtbackup.VMBackupTrackerGVK.Kind, Name: trackerName("db")}}}
+	u, err := kubevirtbackup.ToUnstructured(vmb, kubevirtbackup.VMBackupGVK)
+	Expect(err).NotTo(HaveOccurred())
+	return u
+}
+
+func vmBackupIs(condition, message, checkpoint string) *kubevirtbackup.VMBackupStatus {
+	return &kubevirtbackup.VMBackupStatus{Type: kubevirtbackup.BackupTypeFull, CheckpointName: checkpoint,
+		Conditions: []metav1.Condition{{Type: condition, Status: metav1.ConditionTrue, Message: message}}}
+}
+
+// uploadTemporaries are what a DataUpload creates and its end deletes.
+func uploadTemporaries() []client.Object {
+	return []client.Object{moverPod(uploadChild, corev1.PodRunning, ""), vmBackup(nil),
+		&corev1.PersistentVolumeClaim{ObjectMeta: inProd(uploadChild)}, &corev1.Secret{ObjectMeta: inProd(uploadChild)}}
+}
+
+func downloadTemporaries() []client.Object {
+	return []client.Object{moverPod(downloadChild, corev1.PodRunning, ""), &corev1.Secret{ObjectMeta: inProd(downloadChild)}}
+}
+
+// newUpload is the DataUpload of backup nightly of VM prod/db in phase.
+func newUpload(phase velerov2.DataUploadPhase) *velerov2.DataUpload {
+	return &velerov2.DataUpload{
+		ObjectMeta: metav1.ObjectMeta{Name: "nightly-db", Namespace: "velero", CreationTimestamp: metav1.NewTime(created),
+			Labels:      map[string]string{LabelBackupName: "nightly"},
+			Annotations: map[string]string{AnnotationVMName: "db", AnnotationVMNamespace: "prod"}},
+		Spec:   velerov2.DataUploadSpec{DataMover: DataMover, BackupStorageLocation: "default", SourceNamespace: "prod", SourcePVC: "db-root"},
+		Status: velerov2.DataUploadStatus{Phase: phase},
+	}
+}
+
+func newDownload(phase velerov2.DataDownloadPhase) *velerov2.DataDownload {
+	return &velerov2.DataDownload{
+		ObjectMeta: metav1.ObjectMeta{Name: "restore-db", Namespace: "velero", CreationTimestamp: metav1.NewTime(created)},
+		Spec: velerov2.DataDownloadSpec{DataMover: DataMover, BackupStorageLocation: "default", SourceNamespace: "prod",
+			SnapshotID: SnapshotID("nightly", "prod", "db"), TargetVolume: velerov2.TargetVolumeSpec{PVC: "db-root", Namespace: "prod"}},
+		Status: velerov2.DataDownloadStatus{Phase: phase},
+	}
+}
+
+func with[T any](o T, change func(T)) T {
+	change(o)
+	return o
+}
+
+// left is the time an operation created a minute ago has before the
+// default timeout.
+const left = 4*time.Hour - time.Minute
+
+var _ = Describe("the DataUpload state machine", func() {
+	DescribeTable("moves one step per reconcile",
+		func(du *velerov2.DataUpload, s step) {
+			t := newStepper(s, du)
+			r := &DataUploadReconciler{Client: t.c, Reader: t.c, Recorder: t.recorder, Config: Config{Identity: "node-1"},
+				Now: t.clock.Now, openRepository: t.repository}
+			r.Config.defaults()
+
+			res, err := r.Reconcile(t.ctx, request(du))
+
+			out := &velerov2.DataUpload{}
+			Expect(t.c.Get(t.ctx, client.ObjectKeyFromObject(du), out)).To(Succeed())
+			t.check(s, res, err, du, out, string(out.Status.Phase), out.Status.Message, uploadTemporaries())
+			if s.event != "" && uploadDone(out.Status.Phase) {
+				Expect(out.Status.StartTimestamp).NotTo(BeNil())
+				Expect(out.Status.CompletionTimestamp.Time).To(BeTemporally("==", t.clock.Now()))
+			}
+		},
+		Entry("New: a running VM is accepted", newUpload(""), step{
+			phase: "Accepted", message: "^accepted backup nightly of VirtualMachine prod/db$", event: "Normal Accepted",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("New: a stopped VM fails it", newUpload(velerov2.DataUploadPhaseNew), step{
+			objs: []client.Object{&kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod"},
+				Status: kubevirtv1.VirtualMachineStatus{PrintableStatus: kubevirtv1.VirtualMachineStatusStopped}}},
+			phase: "Failed", message: "^VirtualMachine prod/db is Stopped: only a running VM can be backed up$", event: "Warning Failed",
+			cleaned: true}),
+		Entry("New: no VM named fails it", with(newUpload(""), func(du *velerov2.DataUpload) { du.Annotations = nil; du.Spec.SourceNamespace = "" }), step{
+			phase: "Failed", message: "^DataUpload names no VirtualMachine", event: "Warning Failed"}),
+		Entry("Accepted: an older DataUpload of the VM goes first", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs: []client.Object{with(newUpload(velerov2.DataUploadPhaseInProgress), func(du *velerov2.DataUpload) {
+				du.Name, du.CreationTimestamp = "hourly-db", metav1.NewTime(created.Add(-time.Minute))
+			})},
+			phase: "Accepted", message: "^waiting for DataUpload hourly-db of the same VirtualMachine prod/db$", event: "Normal WaitingForVM",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("Accepted: an unavailable location is waited for", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs: []client.Object{&velerov1.BackupStorageLocation{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "velero"},
+				Status: velerov1.BackupStorageLocationStatus{Phase: velerov1.BackupStorageLocationPhaseUnavailable, Message: "no route"}}},
+			phase: "Accepted", message: "^waiting: backup storage location default is Unavailable: no route$",
+			event: "Normal BackupStorageLocationUnavailable", result: ctrl.Result{RequeueAfter: 30 * time.Second}}),
+		Entry("Accepted: a missing location fails it", with(newUpload(velerov2.DataUploadPhaseAccepted), func(du *velerov2.DataUpload) {
+			du.Spec.BackupStorageLocation = "gone"
+		}), step{phase: "Failed", message: "^backup storage location velero/gone not found$", event: "Warning Failed", cleaned: true}),
+		Entry("Accepted: KubeVirt still writes", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs:  []client.Object{vmBackup(nil)},
+			phase: "Accepted", message: "^waiting for VirtualMachineBackup prod/kubevirt-backup-nightly-db$", event: "Normal WaitingForVMBackup",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("Accepted: KubeVirt wrote the checkpoint", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1"))},
+			phase: "Prepared", message: "^KubeVirt wrote full checkpoint cp-1$", event: "Normal Prepared",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("Accepted: KubeVirt failed", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs:  append(uploadTemporaries()[:1], vmBackup(vmBackupIs(kubevirtbackup.ConditionFailed, "domain not running", ""))),
+			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db failed: domain not running$",
+			event: "Warning Failed", cleaned: true}),
+		Entry("Accepted: KubeVirt named no checkpoint", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", ""))},
+			phase: "Failed", message: "completed without a checkpoint name$", event: "Warning Failed", cleaned: true}),
+		Entry("Prepared: the upload pod is created", newUpload(velerov2.DataUploadPhasePrepared), step{
+			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1"))},
+			phase: "Prepared", event: "Normal UploadPodCreated", result: ctrl.Result{RequeueAfter: left},
+			creates: []client.Object{&corev1.Pod{ObjectMeta: inProd(uploadChild)}, &corev1.Secret{ObjectMeta: inProd(uploadChild)}}}),
+		Entry("Prepared: a pending pod changes nothing", newUpload(velerov2.DataUploadPhasePrepared), step{
+			objs:  []client.Object{vmBackup(nil), moverPod(uploadChild, corev1.PodPending, "")},
+			phase: "Prepared", result: ctrl.Result{RequeueAfter: left}}),
+		Entry("Prepared: the pod runs", newUpload(velerov2.DataUploadPhasePrepared), step{
+			objs:  []client.Object{vmBackup(nil), moverPod(uploadChild, corev1.PodRunning, "")},
+			phase: "InProgress", message: "^upload pod prod/kubevirt-backup-nightly-db is running$", event: "Normal UploadStarted",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("InProgress: the pod succeeded", newUpload(velerov2.DataUploadPhaseInProgress), step{
+			objs: append(uploadTemporaries()[1:], moverPod(uploadChild, corev1.PodSucceeded,
+				`{"checkpoint":"cp-1","type":"full","bytes":42,"path":"checkpoints/prod/db/cp-1"}`)),
+			phase: "Completed", message: "^full checkpoint cp-1 of prod/db stored for backup nightly: 42 bytes uploaded$",
+			event: "Normal Completed", cleaned: true, result: ctrl.Result{RequeueAfter: left}}),
+		Entry("InProgress: the pod failed", newUpload(velerov2.DataUploadPhaseInProgress), step{
+			objs:  append(uploadTemporaries()[1:], moverPod(uploadChild, corev1.PodFailed, "no space left on device\nat line 3")),
+			phase: "Failed", message: "^upload pod prod/kubevirt-backup-nightly-db failed: no space left on device$",
+			event: "Warning Failed", cleaned: true}),
+		Entry("InProgress: the pod disappeared", newUpload(velerov2.DataUploadPhaseInProgress), step{
+			objs:  []client.Object{vmBackup(nil)},
+			phase: "Failed", message: "^upload pod prod/kubevirt-backup-nightly-db disappeared$", event: "Warning Failed", cleaned: true}),
+		Entry("InProgress: the VirtualMachineBackup disappeared", newUpload(velerov2.DataUploadPhaseInProgress), step{
+			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db disappeared$", event: "Warning Failed", cleaned: true}),
+		Entry("InProgress: the operation timed out", with(newUpload(velerov2.DataUploadPhaseInProgress), func(du *velerov2.DataUpload) {
+			du.Spec.OperationTimeout = metav1.Duration{Duration: time.Hour}
+		}), step{
+			objs: uploadTemporaries(), after: time.Hour,
+			phase: "Failed", message: "^timed out after 1h0m0s in phase InProgress$", event: "Warning Failed", cleaned: true}),
+		Entry("Accepted: a cancel goes through Canceling", with(newUpload(velerov2.DataUploadPhaseAccepted), func(du *velerov2.DataUpload) {
+			du.Spec.Cancel = true
+		}), step{
+			objs:  uploadTemporaries(),
+			phase: "Canceling", message: "^canceling$", event: "Normal Canceling", result: ctrl.Result{Requeue: true},
+			creates: uploadTemporaries()}),
+		Entry("Canceling: the temporary objects go", newUpload(velerov2.DataUploadPhaseCanceling), step{
+			objs:  uploadTemporaries(),
+			phase: "Canceled", message: "^canceled$", event: "Normal Canceled", cleaned: true}),
+		Entry("New: a cancel ends it at once", with(newUpload(""), func(du *velerov2.DataUpload) { du.Spec.Cancel = true }), step{
+			phase: "Canceled", message: "^canceled$", event: "Normal Canceled", cleaned: true}),
+		Entry("Completed: the temporary objects go once", newUpload(velerov2.DataUploadPhaseCompleted), step{
+			objs: uploadTemporaries(), phase: "Completed", cleaned: true}),
+		Entry("Completed and cleaned up: nothing is deleted again", with(newUpload(velerov2.DataUploadPhaseCompleted), func(du *velerov2.DataUpload) {
+			du.Annotations[AnnotationCleanedUp] = "true"
+		}), step{objs: uploadTemporaries(), phase: "Completed", creates: uploadTemporaries()}),
+	)
+
+	It("leaves another data mover's DataUpload alone", func() {
+		du := with(newUpload(""), func(du *velerov2.DataUpload) { du.Spec.DataMover = "velero" })
+		t := newStepper(step{}, du)
+		r := &DataUploadReconciler{Client: t.c, Reader: t.c, Recorder: t.recorder, Now: t.clock.Now}
+		Expect(r.Reconcile(t.ctx, request(du))).To(Equal(ctrl.Result{}))
+		Expect(t.lastEvent()).To(BeEmpty())
+	})
+})
+
+// storeBackup puts backup nightly of prod/db, one full checkpoint of disk
+// db-root, in the store.
+func storeBackup(ctx context.Context, t *stepper) {
+	repo := backup.NewRepository(t.store)
+	vm := catalog.VM{Namespace: "prod", Name: "db"}
+	_, err := repo.Catalog.UpdateVMIndex(ctx, vm, func(idx *catalog.VMIndex) error {
+		idx.Checkpoints = append(idx.Checkpoints, catalog.CheckpointEntry{ID: "cp-1", Type: catalog.Full,
+			Files: []catalog.FileEntry{{DiskName: "db-root"}}})
+		return nil
+	})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(repo.RecordBackup(ctx, "nightly", vm, []string{"cp-1"})).To(Succeed())
+}
+
+var _ = Describe("the DataDownload state machine", func() {
+	DescribeTable("moves one step per reconcile",
+		func(dd *velerov2.DataDownload, stored bool, s step) {
+			t := newStepper(s, dd)
+			if stored {
+				storeBackup(t.ctx, t)
+			}
+			r := &DataDownloadReconciler{Client: t.c, Reader: t.c, Recorder: t.recorder, Config: Config{Identity: "node-1"},
+				Now: t.clock.Now, openRepository: t.repository}
+			r.Config.defaults()
+
+			res, err := r.Reconcile(t.ctx, request(dd))
+
+			out := &velerov2.DataDownload{}
+			Expect(t.c.Get(t.ctx, client.ObjectKeyFromObject(dd), out)).To(Succeed())
+			t.check(s, res, err, dd, out, string(out.Status.Phase), out.Status.Message, downloadTemporaries())
+			if s.event != "" && downloadDone(out.Status.Phase) {
+				Expect(out.Status.StartTimestamp).NotTo(BeNil())
+				Expect(out.Status.CompletionTimestamp.Time).To(BeTemporally("==", t.clock.Now()))
+			}
+		},
+		Entry("New: accepted", newDownload(""), false, step{
+			phase: "Accepted", message: "^accepted restore of disk db-root of prod/db from backup nightly$", event: "Normal Accepted",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("New: a snapshot ID of another data mover fails it", with(newDownload(""), func(dd *velerov2.DataDownload) {
+			dd.Spec.SnapshotID = "f8b5c2a1"
+		}), false, step{phase: "Failed", message: "want <backup>/<vm namespace>/<vm name>", event: "Warning Failed"}),
+		Entry("Accepted: a missing target claim is waited for", with(newDownload(velerov2.DataDownloadPhaseAccepted), func(dd *velerov2.DataDownload) {
+			dd.Spec.TargetVolume.PVC = "db-new"
+		}), true, step{phase: "Accepted", message: "^waiting for target claim prod/db-new$", event: "Normal WaitingForTarget",
+			result: ctrl.Result{RequeueAfter: 30 * time.Second}}),
+		Entry("Accepted: the restore pod is created", newDownload(velerov2.DataDownloadPhaseAccepted), true, step{
+			phase: "Prepared", message: "^restore pod prod/kubevirt-restore-restore-db writes disk db-root from a chain of 1 into prod/db-root$",
+			event: "Normal Prepared", result: ctrl.Result{RequeueAfter: left}, creates: downloadTemporaries()}),
+		Entry("Accepted: the backup holds no such disk", with(newDownload(velerov2.DataDownloadPhaseAccepted), func(dd *velerov2.DataDownload) {
+			dd.Spec.DataMoverConfig = map[string]string{ConfigDisk: "vdb"}
+		}), true, step{phase: "Failed", message: "^backup nightly of prod/db holds no disk vdb \\(checkpoint cp-1\\)$",
+			event: "Warning Failed", cleaned: true}),
+		Entry("Prepared: the pod runs", newDownload(velerov2.DataDownloadPhasePrepared), false, step{
+			objs:  []client.Object{moverPod(downloadChild, corev1.PodRunning, "")},
+			phase: "InProgress", message: "^restore pod prod/kubevirt-restore-restore-db is running$", event: "Normal RestoreStarted",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("InProgress: the pod succeeded", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
+			objs:  append(downloadTemporaries()[1:], moverPod(downloadChild, corev1.PodSucceeded, `{"chain":["cp-1"],"bytes":42}`)),
+			phase: "Completed", message: "^restored disk db-root of prod/db from backup nightly \\(chain of 1, 42 bytes\\) into claim prod/db-root$",
+			event: "Normal Completed", cleaned: true, result: ctrl.Result{RequeueAfter: left}}),
+		Entry("InProgress: the pod failed", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
+			objs:  append(downloadTemporaries()[1:], moverPod(downloadChild, corev1.PodFailed, "checksum mismatch")),
+			phase: "Failed", message: "^restore pod prod/kubevirt-restore-restore-db failed: checksum mismatch$", event: "Warning Failed", cleaned: true}),
+		Entry("InProgress: the pod disappeared", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
+			phase: "Failed", message: "^restore pod prod/kubevirt-restore-restore-db disappeared$", event: "Warning Failed", cleaned: true}),
+		Entry("InProgress: the operation timed out", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
+			objs: downloadTemporaries(), after: 4 * time.Hour,
+			phase: "Failed", message: "^timed out after 4h0m0s in phase InProgress$", event: "Warning Failed", cleaned: true}),
+		Entry("Prepared: a cancel goes through Canceling", with(newDownload(velerov2.DataDownloadPhasePrepared), func(dd *velerov2.DataDownload) {
+			dd.Spec.Cancel = true
+		}), false, step{objs: downloadTemporaries(), phase: "Canceling", message: "^canceling$", event: "Normal Canceling",
+			result: ctrl.Result{Requeue: true}, creates: downloadTemporaries()}),
+		Entry("Canceling: the temporary objects go", newDownload(velerov2.DataDownloadPhaseCanceling), false, step{
+			objs: downloadTemporaries(), phase: "Canceled", message: "^canceled$", event: "Normal Canceled", cleaned: true}),
+		Entry("Failed: the temporary objects go once", newDownload(velerov2.DataDownloadPhaseFailed), false, step{
+			objs: downloadTemporaries(), phase: "Failed", cleaned: true}),
+	)
+})
