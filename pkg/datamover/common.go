@@ -136,28 +136,6 @@ func deleteIfPresent(ctx context.Context, c client.Client, obj client.Object) er
 }
 
 // deleteAll deletes every object and reports every failure.
-// cleanupOnce deletes the temporary objects of a finished request and
-// records that in an annotation, so later reconciles skip it.
-func cleanupOnce(ctx context.Context, c client.Client, kind string, obj client.Object, deleteTemporaries func(context.Context) error) error {
-	if obj.GetAnnotations()[AnnotationCleanedUp] == "true" {
-		return nil
-	}
-	if err := deleteTemporaries(ctx); err != nil {
-		return err
-	}
-	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
-	annotations := obj.GetAnnotations()
-	if annotations == nil {
-		annotations = map[string]string{}
-	}
-	annotations[AnnotationCleanedUp] = "true"
-	obj.SetAnnotations(annotations)
-	if err := c.Patch(ctx, obj, patch); err != nil {
-		return fmt.Errorf("mark %s %s cleaned up: %w", kind, client.ObjectKeyFromObject(obj), err)
-	}
-	return nil
-}
-
 func deleteAll(ctx context.Context, c client.Client, objs ...client.Object) error {
 	var errs []error
 	for _, o := range objs {

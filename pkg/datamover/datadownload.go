@@ -34,7 +34,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -153,25 +152,25 @@ func (r *DataDownloadReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		if downloadDone(dd.Status.Phase) {
 			return ctrl.Result{}, nil
 		}
-		return ctrl.Result{}, r.setStatus(ctx, dd, corev1.EventTypeWarning, "Failed", err.Error(), func(s *velerov2.DataDownloadStatus) {
-			r.end(s, velerov2.DataDownloadPhaseFailed)
-		})
+		op := r.op(dd)
+		return ctrl.Result{}, op.setStatus(ctx, corev1.EventTypeWarning, "Failed", err.Error(), func() { op.end(velerov2.DataDownloadPhaseFailed) })
 	}
 	j := &downloadJob{dd: dd, vm: catalog.VM{Namespace: ns, Name: vm}, backup: backupName,
 		disk: dd.Spec.TargetVolume.PVC, name: childName("kubevirt-restore", dd.Name)}
 	if d := dd.Spec.DataMoverConfig[ConfigDisk]; d != "" {
 		j.disk = d
 	}
+	op := r.op(dd, j.temporaries()...)
 	if downloadDone(dd.Status.Phase) {
-		return ctrl.Result{}, r.cleanup(ctx, j)
+		return ctrl.Result{}, op.cleanup(ctx)
 	}
 	if dd.Spec.Cancel || dd.Status.Phase == velerov2.DataDownloadPhaseCanceling {
-		return r.cancel(ctx, j)
+		return op.cancel(ctx)
 	}
 	end, timeout := deadline(dd.CreationTimestamp, dd.Spec.OperationTimeout, r.Config.DefaultTimeout)
 	left := end.Sub(r.Now())
 	if left <= 0 {
-		return r.fail(ctx, j, fmt.Sprintf("timed out after %s in phase %s", timeout, downloadPhaseName(dd.Status.Phase)))
+		return op.fail(ctx, fmt.Sprintf("timed out after %s in phase %s", timeout, phaseName(dd.Status.Phase)))
 	}
 	switch dd.Status.Phase {
 	case "", velerov2.DataDownloadPhaseNew:
@@ -186,25 +185,7 @@ func (r *DataDownloadReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	case velerov2.DataDownloadPhasePrepared, velerov2.DataDownloadPhaseInProgress:
 		err = r.restore(ctx, j)
 	}
-	res := ctrl.Result{}
-	var wait *errWait
-	switch {
-	case isFatal(err):
-		return r.fail(ctx, j, err.Error())
-	case errors.As(err, &wait):
-		if dd.Status.Message != wait.message {
-			if serr := r.setStatus(ctx, dd, corev1.EventTypeNormal, wait.reason, wait.message, func(*velerov2.DataDownloadStatus) {}); serr != nil {
-				return ctrl.Result{}, serr
-			}
-		}
-		res.RequeueAfter = wait.after
-	case err != nil:
-		return ctrl.Result{}, err
-	}
-	if res.RequeueAfter == 0 || res.RequeueAfter > left {
-		res.RequeueAfter = left
-	}
-	return res, nil
+	return op.result(ctx, err, left)
 }
 
 // unrestorable reports whether the store says for good that the backup
@@ -215,13 +196,6 @@ func unrestorable(err error) bool {
 	var chainErr *catalog.ChainError
 	return backup.IsNotFound(err) || errors.Is(err, objectstore.ErrNotFound) ||
 		errors.As(err, &chainErr) || errors.Is(err, catalog.ErrTooNew)
-}
-
-func downloadPhaseName(p velerov2.DataDownloadPhase) string {
-	if p == "" {
-		return string(velerov2.DataDownloadPhaseNew)
-	}
-	return string(p)
 }
 
 // prepare checks the location, the target and the backup, then starts the
@@ -308,69 +282,32 @@ func (r *DataDownloadReconciler) restore(ctx context.Context, j *downloadJob) er
 	}
 	msg := fmt.Sprintf("restored disk %s of %s from backup %s (chain of %d, %d bytes) into claim %s/%s",
 		j.disk, j.vm, j.backup, len(res.Chain), res.Bytes, j.targetNamespace(), j.dd.Spec.TargetVolume.PVC)
-	if err := r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "Completed", msg, func(s *velerov2.DataDownloadStatus) {
-		r.end(s, velerov2.DataDownloadPhaseCompleted)
-		s.Progress.TotalBytes, s.Progress.BytesDone = res.Bytes, res.Bytes
+	op := r.op(j.dd, j.temporaries()...)
+	if err := op.setStatus(ctx, corev1.EventTypeNormal, "Completed", msg, func() {
+		op.end(velerov2.DataDownloadPhaseCompleted)
+		j.dd.Status.Progress.TotalBytes, j.dd.Status.Progress.BytesDone = res.Bytes, res.Bytes
 	}); err != nil {
 		return err
 	}
-	return r.cleanup(ctx, j)
+	return op.cleanup(ctx)
 }
 
-func (r *DataDownloadReconciler) cancel(ctx context.Context, j *downloadJob) (ctrl.Result, error) {
-	switch j.dd.Status.Phase {
-	case velerov2.DataDownloadPhaseAccepted, velerov2.DataDownloadPhasePrepared, velerov2.DataDownloadPhaseInProgress:
-		return ctrl.Result{Requeue: true}, r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "Canceling", "canceling", func(s *velerov2.DataDownloadStatus) {
-			s.Phase = velerov2.DataDownloadPhaseCanceling
-		})
-	}
-	if err := r.deleteTemporaries(ctx, j); err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "Canceled", "canceled", func(s *velerov2.DataDownloadStatus) {
-		r.end(s, velerov2.DataDownloadPhaseCanceled)
-	}); err != nil {
-		return ctrl.Result{}, err
-	}
-	return ctrl.Result{}, r.cleanup(ctx, j)
-}
-
-func (r *DataDownloadReconciler) fail(ctx context.Context, j *downloadJob, msg string) (ctrl.Result, error) {
-	if err := r.setStatus(ctx, j.dd, corev1.EventTypeWarning, "Failed", msg, func(s *velerov2.DataDownloadStatus) {
-		r.end(s, velerov2.DataDownloadPhaseFailed)
-	}); err != nil {
-		return ctrl.Result{}, err
-	}
-	return ctrl.Result{}, r.cleanup(ctx, j)
-}
-
-func (r *DataDownloadReconciler) end(s *velerov2.DataDownloadStatus, phase velerov2.DataDownloadPhase) {
-	s.Phase = phase
-	if s.StartTimestamp == nil {
-		s.StartTimestamp = r.now()
-	}
-	s.CompletionTimestamp = r.now()
-}
-
-func (r *DataDownloadReconciler) cleanup(ctx context.Context, j *downloadJob) error {
-	return cleanupOnce(ctx, r.Client, "DataDownload", j.dd, func(ctx context.Context) error { return r.deleteTemporaries(ctx, j) })
-}
-
-func (r *DataDownloadReconciler) deleteTemporaries(ctx context.Context, j *downloadJob) error {
+// temporaries are what a DataDownload creates in the target namespace and
+// its end deletes.
+func (j *downloadJob) temporaries() []client.Object {
 	meta := metav1.ObjectMeta{Name: j.name, Namespace: j.targetNamespace()}
-	return deleteAll(ctx, r.Client, &corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta})
+	return []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}}
+}
+
+func (r *DataDownloadReconciler) op(dd *velerov2.DataDownload, temporaries ...client.Object) *operation[velerov2.DataDownloadPhase] {
+	s := &dd.Status
+	return &operation[velerov2.DataDownloadPhase]{kind: "DataDownload", obj: dd, phase: &s.Phase, message: &s.Message,
+		start: &s.StartTimestamp, completion: &s.CompletionTimestamp, temporaries: temporaries,
+		client: r.Client, recorder: r.Recorder, now: r.Now}
 }
 
 func (r *DataDownloadReconciler) setStatus(ctx context.Context, dd *velerov2.DataDownload, eventType, reason, msg string, change func(*velerov2.DataDownloadStatus)) error {
-	patch := client.MergeFromWithOptions(dd.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	change(&dd.Status)
-	dd.Status.Message = msg
-	if err := r.Client.Patch(ctx, dd, patch); err != nil {
-		return fmt.Errorf("update status of DataDownload %s: %w", client.ObjectKeyFromObject(dd), err)
-	}
-	log.FromContext(ctx).Info(msg, "phase", dd.Status.Phase)
-	r.Recorder.Event(dd, eventType, reason, msg)
-	return nil
+	return r.op(dd).setStatus(ctx, eventType, reason, msg, func() { change(&dd.Status) })
 }
 
 func (r *DataDownloadReconciler) now() *metav1.Time {

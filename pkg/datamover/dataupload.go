@@ -21,7 +21,6 @@ package datamover
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -41,7 +40,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -224,24 +222,23 @@ func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		if uploadDone(du.Status.Phase) {
 			return ctrl.Result{}, nil
 		}
-		return ctrl.Result{}, r.setStatus(ctx, du, corev1.EventTypeWarning, "Failed", err.Error(), func(s *velerov2.DataUploadStatus) {
-			r.end(s, velerov2.DataUploadPhaseFailed)
-		})
+		op := r.op(du)
+		return ctrl.Result{}, op.setStatus(ctx, corev1.EventTypeWarning, "Failed", err.Error(), func() { op.end(velerov2.DataUploadPhaseFailed) })
 	}
 	j := &uploadJob{du: du, vm: vm, backup: backupNameOf(du), name: childName("kubevirt-backup", du.Name)}
+	op := r.op(du, j.temporaries()...)
 	if uploadDone(du.Status.Phase) {
-		return ctrl.Result{}, r.cleanup(ctx, j)
+		return ctrl.Result{}, op.cleanup(ctx)
 	}
 	if du.Spec.Cancel || du.Status.Phase == velerov2.DataUploadPhaseCanceling {
-		return r.cancel(ctx, j)
+		return op.cancel(ctx)
 	}
 	end, timeout := deadline(du.CreationTimestamp, du.Spec.OperationTimeout, r.Config.DefaultTimeout)
 	left := end.Sub(r.Now())
 	if left <= 0 {
-		return r.fail(ctx, j, fmt.Sprintf("timed out after %s in phase %s", timeout, phaseName(du.Status.Phase)))
+		return op.fail(ctx, fmt.Sprintf("timed out after %s in phase %s", timeout, phaseName(du.Status.Phase)))
 	}
 
-	var res ctrl.Result
 	switch du.Status.Phase {
 	case "", velerov2.DataUploadPhaseNew:
 		err = r.accept(ctx, j)
@@ -250,22 +247,7 @@ func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	case velerov2.DataUploadPhasePrepared, velerov2.DataUploadPhaseInProgress:
 		err = r.upload(ctx, j)
 	}
-	var wait *errWait
-	switch {
-	case isFatal(err):
-		return r.fail(ctx, j, err.Error())
-	case errors.As(err, &wait):
-		if serr := r.setMessage(ctx, j.du, wait.reason, wait.message); serr != nil {
-			return ctrl.Result{}, serr
-		}
-		res.RequeueAfter = wait.after
-	case err != nil:
-		return ctrl.Result{}, err
-	}
-	if res.RequeueAfter == 0 || res.RequeueAfter > left {
-		res.RequeueAfter = left
-	}
-	return res, nil
+	return op.result(ctx, err, left)
 }
 
 func backupNameOf(du *velerov2.DataUpload) string {
@@ -276,13 +258,6 @@ func backupNameOf(du *velerov2.DataUpload) string {
 		return b
 	}
 	return du.Name
-}
-
-func phaseName(p velerov2.DataUploadPhase) string {
-	if p == "" {
-		return string(velerov2.DataUploadPhaseNew)
-	}
-	return string(p)
 }
 
 // accept takes a DataUpload whose VM runs.
@@ -720,8 +695,10 @@ func (r *DataUploadReconciler) complete(ctx context.Context, j *uploadJob, vmb *
 		result[ResultFullReason] = reason
 	}
 	msg := fmt.Sprintf("%s checkpoint %s of %s stored for backup %s: %d bytes uploaded", res.Type, res.Checkpoint, j.vm, j.backup, res.Bytes)
-	if err := r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Completed", msg, func(s *velerov2.DataUploadStatus) {
-		r.end(s, velerov2.DataUploadPhaseCompleted)
+	op := r.op(j.du, j.temporaries()...)
+	if err := op.setStatus(ctx, corev1.EventTypeNormal, "Completed", msg, func() {
+		op.end(velerov2.DataUploadPhaseCompleted)
+		s := &j.du.Status
 		s.SnapshotID = SnapshotID(j.backup, j.vm.Namespace, j.vm.Name)
 		s.Path = res.Path
 		s.DataMoverResult = &result
@@ -729,81 +706,29 @@ func (r *DataUploadReconciler) complete(ctx context.Context, j *uploadJob, vmb *
 	}); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, r.cleanup(ctx, j)
+	return ctrl.Result{}, op.cleanup(ctx)
 }
 
-// cancel ends a DataUpload Velero canceled: Canceling while the temporary
-// objects go, then Canceled.
-func (r *DataUploadReconciler) cancel(ctx context.Context, j *uploadJob) (ctrl.Result, error) {
-	switch j.du.Status.Phase {
-	case velerov2.DataUploadPhaseAccepted, velerov2.DataUploadPhasePrepared, velerov2.DataUploadPhaseInProgress:
-		return ctrl.Result{Requeue: true}, r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Canceling", "canceling", func(s *velerov2.DataUploadStatus) {
-			s.Phase = velerov2.DataUploadPhaseCanceling
-		})
-	}
-	if err := r.deleteTemporaries(ctx, j); err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Canceled", "canceled", func(s *velerov2.DataUploadStatus) {
-		r.end(s, velerov2.DataUploadPhaseCanceled)
-	}); err != nil {
-		return ctrl.Result{}, err
-	}
-	return ctrl.Result{}, r.cleanup(ctx, j)
-}
-
-func (r *DataUploadReconciler) fail(ctx context.Context, j *uploadJob, msg string) (ctrl.Result, error) {
-	if err := r.setStatus(ctx, j.du, corev1.EventTypeWarning, "Failed", msg, func(s *velerov2.DataUploadStatus) {
-		r.end(s, velerov2.DataUploadPhaseFailed)
-	}); err != nil {
-		return ctrl.Result{}, err
-	}
-	return ctrl.Result{}, r.cleanup(ctx, j)
-}
-
-func (r *DataUploadReconciler) end(s *velerov2.DataUploadStatus, phase velerov2.DataUploadPhase) {
-	s.Phase = phase
-	if s.StartTimestamp == nil {
-		s.StartTimestamp = r.now()
-	}
-	s.CompletionTimestamp = r.now()
-}
-
-// cleanup deletes what a finished DataUpload created, once.
-func (r *DataUploadReconciler) cleanup(ctx context.Context, j *uploadJob) error {
-	return cleanupOnce(ctx, r.Client, "DataUpload", j.du, func(ctx context.Context) error { return r.deleteTemporaries(ctx, j) })
-}
-
-func (r *DataUploadReconciler) deleteTemporaries(ctx context.Context, j *uploadJob) error {
+// temporaries are what a DataUpload creates in the VM's namespace and its
+// end deletes.
+func (j *uploadJob) temporaries() []client.Object {
 	meta := metav1.ObjectMeta{Name: j.name, Namespace: j.vm.Namespace}
 	vmb := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
 	vmb.SetName(j.name)
 	vmb.SetNamespace(j.vm.Namespace)
-	return deleteAll(ctx, r.Client,
-		&corev1.Pod{ObjectMeta: meta}, vmb,
-		&corev1.PersistentVolumeClaim{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta})
+	return []client.Object{&corev1.Pod{ObjectMeta: meta}, vmb,
+		&corev1.PersistentVolumeClaim{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}}
 }
 
-// setStatus changes the status with optimistic locking (a stale copy must
-// not move a DataUpload back) and records an event.
+func (r *DataUploadReconciler) op(du *velerov2.DataUpload, temporaries ...client.Object) *operation[velerov2.DataUploadPhase] {
+	s := &du.Status
+	return &operation[velerov2.DataUploadPhase]{kind: "DataUpload", obj: du, phase: &s.Phase, message: &s.Message,
+		start: &s.StartTimestamp, completion: &s.CompletionTimestamp, temporaries: temporaries,
+		client: r.Client, recorder: r.Recorder, now: r.Now}
+}
+
 func (r *DataUploadReconciler) setStatus(ctx context.Context, du *velerov2.DataUpload, eventType, reason, msg string, change func(*velerov2.DataUploadStatus)) error {
-	patch := client.MergeFromWithOptions(du.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	change(&du.Status)
-	du.Status.Message = msg
-	if err := r.Client.Patch(ctx, du, patch); err != nil {
-		return fmt.Errorf("update status of DataUpload %s: %w", client.ObjectKeyFromObject(du), err)
-	}
-	log.FromContext(ctx).Info(msg, "phase", du.Status.Phase)
-	r.Recorder.Event(du, eventType, reason, msg)
-	return nil
-}
-
-// setMessage reports a wait, once per distinct message.
-func (r *DataUploadReconciler) setMessage(ctx context.Context, du *velerov2.DataUpload, reason, msg string) error {
-	if du.Status.Message == msg {
-		return nil
-	}
-	return r.setStatus(ctx, du, corev1.EventTypeNormal, reason, msg, func(*velerov2.DataUploadStatus) {})
+	return r.op(du).setStatus(ctx, eventType, reason, msg, func() { change(&du.Status) })
 }
 
 func (r *DataUploadReconciler) now() *metav1.Time {
