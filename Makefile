@@ -88,9 +88,10 @@ lint:
 	shellcheck -x hack/*.sh .ci/run
 	hack/check-licence.sh
 
-# Fast tests with no root infrastructure.
+# Fast tests with no root infrastructure, under the race detector: the
+# controllers, transfers and monitors run goroutines.
 test-unit:
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/tests/')
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/tests/')
 
 # Ginkgo suites under tests/ that start their own libvirtd, envtest, S3 and
 # loop devices; CI=true turns any skip into a failure.
