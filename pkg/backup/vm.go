@@ -91,7 +91,7 @@ func (r *Repository) BackupVM(ctx context.Context, vm catalog.VM, hv Hypervisor,
 		abortCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if aerr := up.Abort(abortCtx); aerr != nil {
-			return nil, fmt.Errorf("%w (abort: %v)", err, aerr)
+			return nil, fmt.Errorf("%w (abort: %v)", err, aerr) //nolint:errorlint // the first error is the cause; the second, only told
 		}
 		return nil, err
 	}

@@ -21,6 +21,7 @@ package qcow2meta_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"math"
 	"os"
 	"os/exec"
@@ -230,7 +231,7 @@ func bytesAllocated(f func()) uint64 {
 func qemuImgInfoFails(path string) bool {
 	GinkgoHelper()
 	err := exec.Command("qemu-img", "info", "-f", "qcow2", path).Run()
-	if _, ok := err.(*exec.ExitError); ok {
+	if _, ok := errors.AsType[*exec.ExitError](err); ok {
 		return true
 	}
 	Expect(err).ToNot(HaveOccurred())

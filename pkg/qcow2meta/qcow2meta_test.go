@@ -22,6 +22,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -251,7 +252,7 @@ func qemuImgCheckClean(path string) {
 func qemuImgCheck(path string) int {
 	GinkgoHelper()
 	out, err := exec.Command("qemu-img", "check", "-f", "qcow2", path).CombinedOutput()
-	if exitErr, ok := err.(*exec.ExitError); ok {
+	if exitErr, ok := errors.AsType[*exec.ExitError](err); ok {
 		return exitErr.ExitCode()
 	}
 	Expect(err).ToNot(HaveOccurred(), string(out))
@@ -261,7 +262,7 @@ func qemuImgCheck(path string) int {
 func run(name string, args ...string) []byte {
 	GinkgoHelper()
 	out, err := exec.Command(name, args...).Output()
-	if exitErr, ok := err.(*exec.ExitError); ok {
+	if exitErr, ok := errors.AsType[*exec.ExitError](err); ok {
 		Fail(name + " failed: " + string(exitErr.Stderr))
 	}
 	Expect(err).ToNot(HaveOccurred())

@@ -21,6 +21,7 @@ package datamover_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,7 +78,7 @@ var _ = Describe("qcow2-backup with a location of the cluster", func() {
 })
 
 func stderrOf(err error) string {
-	if exitErr, ok := err.(*exec.ExitError); ok {
+	if exitErr, ok := errors.AsType[*exec.ExitError](err); ok {
 		return string(exitErr.Stderr)
 	}
 	return ""

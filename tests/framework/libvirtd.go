@@ -200,14 +200,14 @@ func (d *Libvirtd) start(ctx context.Context) error {
 	answered := poll(ctx, 200*time.Millisecond, func() (bool, error) {
 		select {
 		case <-d.exited:
-			return false, fmt.Errorf("libvirtd exited (%v): %s", d.waitErr, d.logTail())
+			return false, fmt.Errorf("libvirtd exited (%w): %s", d.waitErr, d.logTail())
 		default:
 		}
 		_, lastErr = d.Virsh(ctx, "version")
 		return lastErr == nil, nil
 	})
 	if answered != nil {
-		return fmt.Errorf("wait for socket %s: %w (last attempt: %v)", d.socket(), answered, lastErr)
+		return fmt.Errorf("wait for socket %s: %w (last attempt: %v)", d.socket(), answered, lastErr) //nolint:errorlint // the first error is the cause; the second, only told
 	}
 
 	return d.learnNamespace()

@@ -223,7 +223,7 @@ func (c *Container) waitFor(ctx context.Context, cond func() bool) error {
 		case <-deadline.C:
 			return errors.New("timed out")
 		case <-c.exited:
-			return fmt.Errorf("exited: %v", c.waitErr)
+			return fmt.Errorf("exited: %w", c.waitErr)
 		case <-tick.C:
 		}
 	}

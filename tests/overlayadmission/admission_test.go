@@ -110,7 +110,7 @@ func refusedBy(webhook, field, message string) OmegaMatcher {
 	return WithTransform(func(err error) (string, error) {
 		var status apierrors.APIStatus
 		if !errors.As(err, &status) {
-			return "", fmt.Errorf("not an API status error: %v", err)
+			return "", fmt.Errorf("not an API status error: %w", err)
 		}
 		s := status.Status()
 		if !strings.Contains(s.Message, fmt.Sprintf("admission webhook %q denied the request", webhook)) {

@@ -209,7 +209,7 @@ func (d *Domain) wait(ctx context.Context, dom *libvirt.Domain) error {
 		select {
 		case <-ctx.Done():
 			if err := dom.AbortJob(); err != nil {
-				return fmt.Errorf("%w (and abort failed: %v)", ctx.Err(), err)
+				return fmt.Errorf("%w (and abort failed: %v)", ctx.Err(), err) //nolint:errorlint // the first error is the cause; the second, only told
 			}
 			return ctx.Err()
 		case <-tick.C:

@@ -266,7 +266,7 @@ func (r *objectReader) Read(p []byte) (int, error) {
 	switch {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		err = fmt.Errorf("s3: read %s: the body ended before its Content-Length: %w", r.key, ErrTornRead)
-	case err != nil && err != io.EOF:
+	case err != nil && !errors.Is(err, io.EOF):
 		err = r.s.wrap("read", r.key, err)
 	}
 	return n, err

@@ -133,7 +133,7 @@ func Upload(ctx context.Context, repo *backup.Repository, o UploadOptions, progr
 	res, err := uploadFiles(ctx, up, o, files, total, progress)
 	if err != nil {
 		if abortErr := up.Abort(context.WithoutCancel(ctx)); abortErr != nil {
-			return nil, fmt.Errorf("%w (abort: %v)", err, abortErr)
+			return nil, fmt.Errorf("%w (abort: %v)", err, abortErr) //nolint:errorlint // the first error is the cause; the second, only told
 		}
 		return nil, err
 	}
