@@ -314,9 +314,9 @@ var _ = Describe("garbage collection", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(after).To(Equal(idx))
 
-		real, err := f.repo.DeleteBackup(f.ctx, "b3", backup.GCOptions{})
+		done, err := f.repo.DeleteBackup(f.ctx, "b3", backup.GCOptions{})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(real).To(Equal(dry))
+		Expect(done).To(Equal(dry))
 		Expect(f.store.Keys()).NotTo(ContainElement(diskKey("b3")))
 	})
 

@@ -172,9 +172,9 @@ func firstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {
 		s = s[:i]
 	}
-	const max = 1024
-	if len(s) > max {
-		s = s[:max] + "…"
+	const limit = 1024
+	if len(s) > limit {
+		s = s[:limit] + "…"
 	}
 	return s
 }

@@ -45,10 +45,10 @@ import (
 const RecordSuffix = ".overlay.json"
 
 var (
-	// ErrBackingChanged: the backing is not the image the overlay was
+	// ErrBackingChanged means the backing is not the image the overlay was
 	// created over.
 	ErrBackingChanged = errors.New("backing image changed since the overlay was created")
-	// ErrInvalidOverlay: an existing overlay cannot be trusted.
+	// ErrInvalidOverlay means an existing overlay cannot be trusted.
 	ErrInvalidOverlay = errors.New("existing overlay cannot be trusted")
 )
 

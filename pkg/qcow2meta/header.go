@@ -48,19 +48,22 @@ const (
 	extBitmaps       = 0x23852875
 	extDataFile      = 0x44415441
 
-	// Incompatible feature bits.
-	IncompatDirty      = 1 << 0
-	IncompatCorrupt    = 1 << 1
-	IncompatDataFile   = 1 << 2
-	IncompatCompressed = 1 << 3
-	IncompatExtendedL2 = 1 << 4
-	knownIncompatible  = IncompatDirty | IncompatCorrupt | IncompatDataFile | IncompatCompressed | IncompatExtendedL2
+	knownIncompatible = IncompatDirty | IncompatCorrupt | IncompatDataFile | IncompatCompressed | IncompatExtendedL2
 
 	// CompatLazyRefcounts is the compatible feature bit for lazy refcounts.
 	CompatLazyRefcounts = 1 << 0
 
 	// AutoclearBitmaps marks the bitmaps extension consistent.
 	AutoclearBitmaps = 1 << 0
+)
+
+// Incompatible feature bits.
+const (
+	IncompatDirty      = 1 << 0
+	IncompatCorrupt    = 1 << 1
+	IncompatDataFile   = 1 << 2
+	IncompatCompressed = 1 << 3
+	IncompatExtendedL2 = 1 << 4
 )
 
 // Limits of the format and of QEMU (block/qcow2.h, block/qcow2-bitmap.c):

@@ -98,8 +98,8 @@ var _ = Describe("LVMExtender", func() {
 	)
 
 	It("runs the real commands when no function is injected", func() {
-		real := &thinp.LVMExtender{VolumeGroup: "thinp-test-no-such-vg", LogicalVolume: "lv"}
-		_, err := real.Extend(context.Background(), gib)
+		ext := &thinp.LVMExtender{VolumeGroup: "thinp-test-no-such-vg", LogicalVolume: "lv"}
+		_, err := ext.Extend(context.Background(), gib)
 		Expect(err).To(MatchError(ContainSubstring("extend logical volume thinp-test-no-such-vg/lv: lvs --noheadings")))
 	})
 })

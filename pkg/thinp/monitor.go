@@ -32,10 +32,10 @@ import (
 type EventKind int
 
 const (
-	// EventThreshold: a block write threshold was crossed (libvirt's
+	// EventThreshold means a block write threshold was crossed (libvirt's
 	// block-threshold event; one-shot).
 	EventThreshold EventKind = iota
-	// EventIOError: a disk reported an I/O error (libvirt's io-error
+	// EventIOError means a disk reported an I/O error (libvirt's io-error
 	// event with a reason).
 	EventIOError
 )
@@ -62,6 +62,7 @@ type Event struct {
 // DiskError is a pending I/O error of a disk, as libvirt keeps them.
 type DiskError int
 
+// Pending I/O errors: none, out of space, any other.
 const (
 	DiskErrorNone DiskError = iota
 	DiskErrorNoSpace
@@ -109,6 +110,7 @@ type Disk struct {
 // Trigger is what started an extension.
 type Trigger string
 
+// The triggers, by the value an Extension records.
 const (
 	TriggerStart     Trigger = "start"
 	TriggerThreshold Trigger = "threshold"

@@ -25,16 +25,16 @@ import "fmt"
 type State int
 
 const (
-	// StateUnarmed: no threshold is set on the disk's node.
+	// StateUnarmed means no threshold is set on the disk's node.
 	StateUnarmed State = iota
-	// StateArmed: a threshold is set; free space is above it.
+	// StateArmed means a threshold is set; free space is above it.
 	StateArmed
-	// StateExceeded: the guest's writes crossed the threshold (or filled
+	// StateExceeded means the guest's writes crossed the threshold (or filled
 	// the device); the disk waits for an extension.
 	StateExceeded
-	// StateExtending: an Extender is growing the device.
+	// StateExtending means an Extender is growing the device.
 	StateExtending
-	// StateAtMaximum: the device can hold the fully allocated image; the
+	// StateAtMaximum means the device can hold the fully allocated image; the
 	// disk is no longer watched.
 	StateAtMaximum
 )

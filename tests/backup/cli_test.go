@@ -211,7 +211,7 @@ var _ = Describe("the qcow2-backup command", func() {
 		Expect(out).To(HavePrefix("dry run: deleting backup tue would remove 1 checkpoints, "))
 		out, stderr, err = cli(ctx, bin, append([]string{"delete", "--backup", "tue", "--dry-run", "-o", "json"}, storage...)...)
 		Expect(err).NotTo(HaveOccurred(), stderr)
-		var dry, real struct {
+		var dry, done struct {
 			DryRun      bool     `json:"dryRun"`
 			Checkpoints []string `json:"checkpoints"`
 			Objects     []string `json:"objects"`
@@ -223,10 +223,10 @@ var _ = Describe("the qcow2-backup command", func() {
 		Expect(allKeys(ctx, repo.Store)).To(Equal(keys))
 		out, stderr, err = cli(ctx, bin, append([]string{"delete", "--backup", "tue", "-o", "json"}, storage...)...)
 		Expect(err).NotTo(HaveOccurred(), stderr)
-		Expect(json.Unmarshal([]byte(out), &real)).To(Succeed(), out)
-		Expect(real.DryRun).To(BeFalse())
-		Expect(real.Checkpoints).To(Equal(dry.Checkpoints))
-		Expect(real.Objects).To(Equal(dry.Objects))
+		Expect(json.Unmarshal([]byte(out), &done)).To(Succeed(), out)
+		Expect(done.DryRun).To(BeFalse())
+		Expect(done.Checkpoints).To(Equal(dry.Checkpoints))
+		Expect(done.Objects).To(Equal(dry.Objects))
 		Expect(allKeys(ctx, repo.Store)).NotTo(ContainElement(catalog.DiskPath(vm, "tue-cp", "tue", "vda")))
 
 		By("gc --dry-run reports the object no index names, and keeps it")

@@ -36,6 +36,7 @@ import (
 // DomainState is a state as `virsh domstate` names it.
 type DomainState string
 
+// Domain states, as virsh names them.
 const (
 	StateRunning DomainState = "running"
 	StatePaused  DomainState = "paused"

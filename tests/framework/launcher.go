@@ -54,10 +54,11 @@ func OverlayEphemeralImage(volume string) string {
 	return LauncherEphemeralDir + "/overlay-data/" + volume + "/disk.qcow2"
 }
 
-// OverlayBackingDevice and OverlayTargetDevice are the devices of Block
-// mode backing and target claims.
+// OverlayBackingDevice is the device of a Block mode backing claim.
 func OverlayBackingDevice(volume string) string { return "/dev/overlay-backing-" + volume }
-func OverlayTargetDevice(volume string) string  { return "/dev/overlay-target-" + volume }
+
+// OverlayTargetDevice is the device of a Block mode target claim.
+func OverlayTargetDevice(volume string) string { return "/dev/overlay-target-" + volume }
 
 // VMI2Domain is the vmi2domain tool (testdata/vmi2domain), built inside
 // the patched KubeVirt tree: the patched virt-launcher's converter and

@@ -424,13 +424,13 @@ func (d *Libvirtd) Mounts() ([]Mount, error) {
 }
 
 func (d *Libvirtd) logTail() string {
-	const max = 2000
+	const limit = 2000
 	log, err := os.ReadFile(d.LogFile())
 	if err != nil {
 		return err.Error()
 	}
-	if len(log) > max {
-		log = log[len(log)-max:]
+	if len(log) > limit {
+		log = log[len(log)-limit:]
 	}
 	return strings.TrimSpace(string(log))
 }

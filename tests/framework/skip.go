@@ -22,7 +22,7 @@ import (
 	"context"
 	"fmt"
 
-	. "github.com/onsi/ginkgo/v2"
+	"github.com/onsi/ginkgo/v2"
 )
 
 // Require skips the current spec when a piece of infrastructure could not
@@ -34,9 +34,9 @@ func Require(err error, what string) {
 	}
 	msg := fmt.Sprintf("%s could not start: %v", what, err)
 	if InCI() {
-		Fail(msg, 1)
+		ginkgo.Fail(msg, 1)
 	}
-	Skip(msg, 1)
+	ginkgo.Skip(msg, 1)
 }
 
 // StartSuiteLibvirtd starts a private libvirtd for an Ordered container
@@ -45,6 +45,6 @@ func Require(err error, what string) {
 func StartSuiteLibvirtd(ctx context.Context) *Libvirtd {
 	lv, err := StartLibvirtd(ctx)
 	Require(err, "libvirtd")
-	DeferCleanup(func(ctx SpecContext) error { return lv.Stop(ctx) })
+	ginkgo.DeferCleanup(func(ctx ginkgo.SpecContext) error { return lv.Stop(ctx) })
 	return lv
 }

@@ -41,7 +41,7 @@ const Name = "overlay"
 // virt-launcher uses the newest it knows.
 var Versions = []string{v1alpha3.Version, v1alpha2.Version}
 
-// Hook points the server can subscribe to.
+// HookPoints are the hook points the server can subscribe to.
 var HookPoints = []string{
 	hooksinfo.OnDefineDomainHookPointName,
 	hooksinfo.PreCloudInitIsoHookPointName,
@@ -124,7 +124,7 @@ func (s *Server) Serve(ctx context.Context, socketPath string) error {
 	case <-s.shutdown:
 	}
 	s.grpc.GracefulStop()
-	<-errc
+	<-errc //nolint:errcheck // Serve has returned; its error after GracefulStop is not one
 	return nil
 }
 

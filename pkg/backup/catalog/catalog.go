@@ -34,8 +34,8 @@ import (
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 )
 
-// ErrUnchanged, returned by an update function, ends the update without a
-// write.
+// ErrUnchanged is returned by an update function to end the update
+// without a write.
 var ErrUnchanged = errors.New("document unchanged")
 
 // ErrTooNew is returned for a document written by a newer schema.

@@ -53,13 +53,13 @@ func (x *VMIndex) Latest() []*CheckpointEntry {
 
 // NextSequence is the sequence number for the next completed checkpoint.
 func (x *VMIndex) NextSequence() int64 {
-	var max int64
+	var highest int64
 	for _, c := range x.Checkpoints {
-		if c.Sequence > max {
-			max = c.Sequence
+		if c.Sequence > highest {
+			highest = c.Sequence
 		}
 	}
-	return max + 1
+	return highest + 1
 }
 
 // ChainError says why a chain of checkpoints cannot be restored.

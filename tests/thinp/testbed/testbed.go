@@ -31,8 +31,8 @@ import (
 	"path/filepath"
 	"sync"
 
-	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
 
@@ -60,20 +60,20 @@ type Env struct {
 // is what these suites are about.
 func StartEnv(ctx context.Context) *Env {
 	if os.Getenv(framework.VirtTypeEnv) == "" {
-		Expect(os.Setenv(framework.VirtTypeEnv, "qemu")).To(Succeed())
+		gomega.Expect(os.Setenv(framework.VirtTypeEnv, "qemu")).To(gomega.Succeed())
 	}
 	// libvirt wants its event loop before the first connection.
-	Expect(libvirtdomain.StartEventLoop()).To(Succeed())
+	gomega.Expect(libvirtdomain.StartEventLoop()).To(gomega.Succeed())
 	lv, err := framework.StartLibvirtd(ctx)
-	DeferCleanup(func(ctx context.Context) {
+	ginkgo.DeferCleanup(func(ctx context.Context) {
 		if lv != nil {
-			Expect(lv.Stop(ctx)).To(Succeed())
+			gomega.Expect(lv.Stop(ctx)).To(gomega.Succeed())
 		}
 	})
 	framework.Require(err, "a private libvirtd")
 	conn, err := libvirt.NewConnect(lv.URI())
 	framework.Require(err, "a libvirt client connection")
-	DeferCleanup(func() { _, _ = conn.Close() })
+	ginkgo.DeferCleanup(func() { _, _ = conn.Close() })
 	return &Env{Libvirtd: lv, Conn: conn}
 }
 
@@ -111,21 +111,21 @@ type Guest struct {
 // domain; the guest starts writing at once.
 func (e *Env) StartGuest(ctx context.Context, o GuestOptions) *Guest {
 	g := &Guest{Env: e, Opts: o, Base: filepath.Join(o.Dir, o.Name+"-base.raw"), LoopFile: filepath.Join(o.Dir, o.Name+"-thin.img")}
-	Expect(framework.CreateBootDisk(ctx, g.Base, o.VirtualSize, o.Writer)).To(Succeed())
-	DeferCleanup(os.Remove, g.Base)
+	gomega.Expect(framework.CreateBootDisk(ctx, g.Base, o.VirtualSize, o.Writer)).To(gomega.Succeed())
+	ginkgo.DeferCleanup(os.Remove, g.Base)
 	var err error
 	g.BaseHash, err = framework.SHA256(g.Base)
-	Expect(err).ToNot(HaveOccurred())
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 
 	g.Device, err = framework.CreateLoopFile(ctx, g.LoopFile, o.DeviceSize)
-	DeferCleanup(os.Remove, g.LoopFile)
+	ginkgo.DeferCleanup(os.Remove, g.LoopFile)
 	framework.Require(err, "a loop device")
-	DeferCleanup(func(ctx context.Context) {
-		Expect(framework.DetachLoop(ctx, g.Device)).To(Succeed())
+	ginkgo.DeferCleanup(func(ctx context.Context) {
+		gomega.Expect(framework.DetachLoop(ctx, g.Device)).To(gomega.Succeed())
 	})
-	Expect(qcow2.Tool{}.CreateOverlay(ctx, g.Device, g.Base, qcow2.FormatRaw, qcow2.CreateOptions{})).To(Succeed())
+	gomega.Expect(qcow2.Tool{}.CreateOverlay(ctx, g.Device, g.Base, qcow2.FormatRaw, qcow2.CreateOptions{})).To(gomega.Succeed())
 	g.Maximum, err = thinp.MaximumSizeOf(ctx, qcow2.Tool{}, g.Device)
-	Expect(err).ToNot(HaveOccurred())
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 
 	disk := framework.WithBackingFile(framework.BlockDisk(g.Device, qcow2.FormatQcow2, Target), g.Base, qcow2.FormatRaw)
 	// Pause the guest on any write error, as a thin disk must.
@@ -133,40 +133,40 @@ func (e *Env) StartGuest(ctx context.Context, o GuestOptions) *Guest {
 	disk.Driver.Cache = "none"
 	disk.Driver.IO = "native"
 	dom := e.Libvirtd.NewDomain(o.Name, disk)
-	DeferCleanup(func(ctx context.Context) {
+	ginkgo.DeferCleanup(func(ctx context.Context) {
 		if !g.destroyed {
-			Expect(e.Libvirtd.DestroyAndUndefine(ctx, o.Name)).To(Succeed())
+			gomega.Expect(e.Libvirtd.DestroyAndUndefine(ctx, o.Name)).To(gomega.Succeed())
 		}
 	})
-	Expect(e.Libvirtd.DefineAndStart(ctx, dom)).To(Succeed())
+	gomega.Expect(e.Libvirtd.DefineAndStart(ctx, dom)).To(gomega.Succeed())
 	return g
 }
 
 // DomainXML is the guest's live domain XML.
 func (g *Guest) DomainXML(ctx context.Context) *libvirtxml.Domain {
 	out, err := g.Env.Libvirtd.Virsh(ctx, "dumpxml", g.Opts.Name)
-	Expect(err).ToNot(HaveOccurred())
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 	var dom libvirtxml.Domain
-	Expect(dom.Unmarshal(out)).To(Succeed())
+	gomega.Expect(dom.Unmarshal(out)).To(gomega.Succeed())
 	return &dom
 }
 
 // Wait waits for the guest to finish writing and expects it to succeed.
 func (g *Guest) Wait(ctx context.Context) {
 	status, err := g.Env.Libvirtd.WaitForGuest(ctx, g.Opts.Name)
-	Expect(err).ToNot(HaveOccurred())
-	Expect(status.Failed).To(BeFalse(), "the guest saw a write error %#x", status.Err)
-	Expect(status.Done).To(BeTrue())
-	Expect(status.Written).To(Equal(g.Opts.Writer.Sectors))
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
+	gomega.Expect(status.Failed).To(gomega.BeFalse(), "the guest saw a write error %#x", status.Err)
+	gomega.Expect(status.Done).To(gomega.BeTrue())
+	gomega.Expect(status.Written).To(gomega.Equal(g.Opts.Writer.Sectors))
 }
 
 // Usage is what libvirt reports about the disk.
 func (g *Guest) Usage() thinp.Usage {
 	dom, err := g.Env.Conn.LookupDomainByName(g.Opts.Name)
-	Expect(err).ToNot(HaveOccurred())
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 	defer dom.Free()
 	info, err := dom.GetBlockInfo(Target, 0)
-	Expect(err).ToNot(HaveOccurred())
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 	return thinp.Usage{Allocation: int64(info.Allocation), Physical: int64(info.Physical), Capacity: int64(info.Capacity)}
 }
 
@@ -174,16 +174,16 @@ func (g *Guest) Usage() thinp.Usage {
 // the device is consistent, it holds everything the guest wrote, and the
 // backing file is untouched.
 func (g *Guest) Verify(ctx context.Context) {
-	Expect(g.Env.Libvirtd.DestroyAndUndefine(ctx, g.Opts.Name)).To(Succeed())
+	gomega.Expect(g.Env.Libvirtd.DestroyAndUndefine(ctx, g.Opts.Name)).To(gomega.Succeed())
 	g.destroyed = true
 	check, err := qcow2.Tool{}.Check(ctx, g.Device, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
-	Expect(err).ToNot(HaveOccurred())
-	Expect(check.Clean()).To(BeTrue(), "qemu-img check of the thin overlay: %+v", check)
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
+	gomega.Expect(check.Clean()).To(gomega.BeTrue(), "qemu-img check of the thin overlay: %+v", check)
 	size, err := framework.DeviceSize(g.Device)
-	Expect(err).ToNot(HaveOccurred())
-	Expect(check.ImageEndOffset).To(BeNumerically("<=", size))
-	Expect(framework.VerifyGuestWrites(ctx, g.Device, qcow2.FormatQcow2, g.Opts.Writer)).To(Succeed())
-	Expect(framework.SHA256(g.Base)).To(Equal(g.BaseHash), "the backing file changed")
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
+	gomega.Expect(check.ImageEndOffset).To(gomega.BeNumerically("<=", size))
+	gomega.Expect(framework.VerifyGuestWrites(ctx, g.Device, qcow2.FormatQcow2, g.Opts.Writer)).To(gomega.Succeed())
+	gomega.Expect(framework.SHA256(g.Base)).To(gomega.Equal(g.BaseHash), "the backing file changed")
 }
 
 // Monitor is a thinp.Monitor running in the test process, recording what it
@@ -194,7 +194,6 @@ type Monitor struct {
 	done   chan error
 	mu     sync.Mutex
 	exts   []thinp.Extension
-	pauses int
 }
 
 // MonitorOptions change how a Monitor sees the domain.
@@ -212,7 +211,7 @@ type MonitorOptions struct {
 // the end of the spec.
 func (g *Guest) StartMonitor(o MonitorOptions) *Monitor {
 	adapter, err := libvirtdomain.New(g.Env.Conn, g.Opts.Name)
-	Expect(err).ToNot(HaveOccurred())
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 	var dom thinp.Domain = adapter
 	if o.WrapDomain != nil {
 		dom = o.WrapDomain(dom)
@@ -233,14 +232,14 @@ func (g *Guest) StartMonitor(o MonitorOptions) *Monitor {
 			m.exts = append(m.exts, e)
 		},
 	})
-	Expect(err).ToNot(HaveOccurred())
+	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
 	go func() {
 		err := m.Run(ctx)
 		m.done <- errors.Join(err, adapter.Close())
 	}()
-	DeferCleanup(m.Stop)
+	ginkgo.DeferCleanup(m.Stop)
 	return m
 }
 
@@ -248,7 +247,7 @@ func (g *Guest) StartMonitor(o MonitorOptions) *Monitor {
 func (m *Monitor) Stop() {
 	m.cancel()
 	if err, ok := <-m.done; ok {
-		Expect(err).ToNot(HaveOccurred())
+		gomega.Expect(err).ToNot(gomega.HaveOccurred())
 		close(m.done)
 	}
 }
