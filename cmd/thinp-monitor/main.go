@@ -64,8 +64,9 @@ func main() {
 		policy.Resume = thinp.LeavePaused
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, log, *uri, *domain, *disks, policy, *metricsAddr); err != nil {
+	err := run(ctx, log, *uri, *domain, *disks, policy, *metricsAddr)
+	stop()
+	if err != nil {
 		log.Error("thinp-monitor failed", "error", err)
 		os.Exit(1)
 	}

@@ -221,7 +221,7 @@ func (r *Repository) collectVM(ctx context.Context, vm catalog.VM, opts GCOption
 // younger than grace, and every ancestor of those.
 func liveCheckpoints(idx *catalog.VMIndex, now time.Time, grace time.Duration) map[string]bool {
 	live := map[string]bool{}
-	var mark func(id string)
+	var mark func(id string) //nolint:staticcheck // mark calls itself, so it is declared first
 	mark = func(id string) {
 		for id != "" && !live[id] {
 			c := idx.Checkpoint(id)

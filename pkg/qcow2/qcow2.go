@@ -268,7 +268,7 @@ func (t Tool) Check(ctx context.Context, path string, opts InfoOptions) (*CheckR
 	out, err := t.run(ctx, opts.args("check", path)...)
 	var exitErr *ExitError
 	// Exit 2 (corruptions) and 3 (leaks) still print a report.
-	if err != nil && !(errors.As(err, &exitErr) && (exitErr.Code == 2 || exitErr.Code == 3) && len(out) > 0) {
+	if err != nil && !(errors.As(err, &exitErr) && (exitErr.Code == 2 || exitErr.Code == 3) && len(out) > 0) { //nolint:staticcheck // reads as "unless the report was printed"
 		return nil, fmt.Errorf("check %s: %w", path, err)
 	}
 	res := &CheckResult{}

@@ -78,7 +78,7 @@ var _ = BeforeSuite(func(ctx context.Context) {
 	framework.Require(err, "qemu-img")
 
 	veleroCRDs := veleroCRDPaths(ctx)
-	api, err := framework.StartAPIServer(append(veleroCRDs, filepath.Join("testdata"))...)
+	api, err := framework.StartAPIServer(append(veleroCRDs, "testdata")...)
 	framework.Require(err, "kube-apiserver and etcd (envtest)")
 	DeferCleanup(api.Stop)
 	kubeconfig = api.Env.KubeConfig
