@@ -105,7 +105,7 @@ var _ = Describe("Policy", func() {
 			}}
 			size, err := thinp.MaximumSize(context.Background(), tool, 10*gib, qcow2.CreateOptions{ClusterSize: 65536})
 			Expect(err).ToNot(HaveOccurred())
-			Expect(size).To(Equal(int64(10242 * mib)))
+			Expect(size).To(Equal(10242 * mib))
 			Expect(args).To(Equal([]string{"measure", "--output=json", "-O", "qcow2", "-o", "cluster_size=65536", "--size", "10737418240"}))
 		})
 

@@ -248,7 +248,7 @@ var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, 
 			Expect(out).To(BeNil())
 		},
 		Entry("a malformed annotation", `{"disks":[{"name":"rootdisk"`, "unexpected EOF"),
-		Entry("a misspelt field", `{"disks":[{"name":"rootdisk","persistant":true}]}`, `unknown field "persistant"`),
+		Entry("a misspelt field", `{"disks":[{"name":"rootdisk","persistant":true}]}`, `unknown field "persistant"`), //nolint:misspell // the misspelling is the input under test
 		Entry("an unknown volume", `{"disks":[{"name":"data"}]}`, `VMI has no disk "data"`),
 	)
 

@@ -149,13 +149,13 @@ func CompareDeviceContent(ctx context.Context, lv *framework.Libvirtd, domain, d
 	}); err != nil {
 		return err
 	}
-	defer lv.QMP(context.WithoutCancel(ctx), domain, "nbd-server-stop", nil)
+	defer lv.QMP(context.WithoutCancel(ctx), domain, "nbd-server-stop", nil) //nolint:errcheck // cleanup of the comparison; the result is already taken
 	if _, err := lv.QMP(ctx, domain, "block-export-add", map[string]any{
 		"type": "nbd", "id": "compare", "node-name": d.Inserted.NodeName, "name": device, "writable": false,
 	}); err != nil {
 		return err
 	}
-	defer lv.QMP(context.WithoutCancel(ctx), domain, "block-export-del", map[string]any{"id": "compare"})
+	defer lv.QMP(context.WithoutCancel(ctx), domain, "block-export-del", map[string]any{"id": "compare"}) //nolint:errcheck // cleanup of the comparison; the result is already taken
 	_, err = framework.QemuImg(ctx, "compare", "-f", "raw", "-F", "raw", fmt.Sprintf("nbd+unix:///%s?socket=%s", device, socket), want)
 	return err
 }

@@ -66,7 +66,7 @@ var _ = Describe("ParseConfig", func() {
 		Entry("empty", ``, "EOF"),
 		Entry("a list", `[{"name":"rootdisk"}]`, "cannot unmarshal array"),
 		Entry("no disks", `{}`, `"disks" is missing`),
-		Entry("a misspelt field", `{"disks":[{"name":"a","persistant":true}]}`, `unknown field "persistant"`),
+		Entry("a misspelt field", `{"disks":[{"name":"a","persistant":true}]}`, `unknown field "persistant"`), //nolint:misspell // the misspelling is the input under test
 		Entry("trailing data", `{"disks":[]} {}`, "trailing data"),
 		Entry("a disk without name", `{"disks":[{"persistent":true}]}`, "disks[0].name is empty"),
 		Entry("a disk twice", `{"disks":[{"name":"a"},{"name":"a"}]}`, `disks[1].name: disk "a" is listed twice`),

@@ -225,10 +225,7 @@ func (h *Hook) planDisk(vmi *vmiObject, cfg *Config, dc DiskConfig, dd *domainDi
 		return plan{}, fmt.Errorf("backing format %q is not raw or qcow2; set backingFormat", format)
 	}
 	backing := sourcePath(src)
-	localBacking, err := h.localPath(vmi, pvc, backing)
-	if err != nil {
-		return plan{}, err
-	}
+	localBacking := h.localPath(vmi, pvc, backing)
 	if _, err := os.Stat(localBacking); err != nil {
 		return plan{}, fmt.Errorf("backing %s is not visible to the sidecar (%w): the sidecar reads the backing through "+
 			"its hookSidecars pvc, so the backing must be on that claim", backing, err)
@@ -251,7 +248,7 @@ func (h *Hook) planDisk(vmi *vmiObject, cfg *Config, dc DiskConfig, dd *domainDi
 
 // localPath maps a path of the compute container to the same file in this
 // container, through the directories both see.
-func (h *Hook) localPath(vmi *vmiObject, pvc *sidecarPVC, computePath string) (string, error) {
+func (h *Hook) localPath(vmi *vmiObject, pvc *sidecarPVC, computePath string) string {
 	type mount struct{ compute, local string }
 	mounts := []mount{{h.Env.ComputeSocketDir, h.Env.SocketDir}}
 	if pvc == nil {
@@ -274,10 +271,10 @@ func (h *Hook) localPath(vmi *vmiObject, pvc *sidecarPVC, computePath string) (s
 			continue
 		}
 		if rel, ok := strings.CutPrefix(computePath, m.compute+"/"); ok {
-			return filepath.Join(m.local, rel), nil
+			return filepath.Join(m.local, rel)
 		}
 	}
-	return computePath, nil
+	return computePath
 }
 
 // withoutIndex drops the index libvirt assigns to a live source: a backing

@@ -158,7 +158,7 @@ func TestBackupDataPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Stop()
+	defer srv.Stop() //nolint:errcheck // the benchmark is over; a failed stop changes no result
 	creds, err := srv.WriteCredentials(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +179,6 @@ func TestBackupDataPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const changed = 64 * mib
 	for i := int64(0); i < 64; i++ {
 		if err := hv.Write(ctx, (i*977%1024)*mib, mib, 0x22); err != nil {
 			t.Fatal(err)

@@ -158,7 +158,7 @@ var _ = Describe("thin provisioning", Ordered, func() {
 			Expect(err).ToNot(HaveOccurred())
 			DeferCleanup(dom.Free)
 			start := time.Now()
-			for off := int64(mib); off < mib+total; off += step {
+			for off := mib; off < mib+total; off += step {
 				// qemu-io holds QEMU's main loop for the whole write, so
 				// writes are kept short: events and block info wait.
 				cmd := fmt.Sprintf(`qemu-io -d /machine/peripheral/virtio-disk0/virtio-backend "write -P 0x5a %d %d"`, off, step)
