@@ -24,6 +24,7 @@ deps:
 	hack/kubernetes.sh >/dev/null
 	hack/envtest-assets.sh >/dev/null
 	hack/s3-server.sh >/dev/null
+	hack/golangci-lint.sh >/dev/null
 
 build: $(BIN)/container-disk go-build kubevirt
 
@@ -80,11 +81,13 @@ kubevirt:
 
 test: build lint test-unit test-functional e2e test-upstream
 
-# Formatting, vet, shellcheck and licence headers: cheap, and first so
-# they fail fast.
+# Formatting, vet, golangci-lint (.golangci.yml; built once into the cache,
+# seconds when its cache is warm), shellcheck and licence headers: cheap,
+# and first so they fail fast.
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
+	$$(hack/golangci-lint.sh) run ./...
 	shellcheck -x hack/*.sh .ci/run
 	hack/check-licence.sh
 
