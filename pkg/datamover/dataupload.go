@@ -576,8 +576,7 @@ func (r *DataUploadReconciler) upload(ctx context.Context, j *uploadJob) error {
 	if err != nil {
 		return fatal("%w", err)
 	}
-	_, err = r.complete(ctx, j, u, res)
-	return err
+	return r.complete(ctx, j, u, res)
 }
 
 func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u *unstructured.Unstructured) error {
@@ -682,7 +681,7 @@ func archiveJSON(u *unstructured.Unstructured) ([]byte, error) {
 	return data, nil
 }
 
-func (r *DataUploadReconciler) complete(ctx context.Context, j *uploadJob, vmb *unstructured.Unstructured, res *mover.UploadResult) (ctrl.Result, error) {
+func (r *DataUploadReconciler) complete(ctx context.Context, j *uploadJob, vmb *unstructured.Unstructured, res *mover.UploadResult) error {
 	result := map[string]string{
 		ResultCheckpoint: res.Checkpoint,
 		ResultType:       string(res.Type),
@@ -704,9 +703,9 @@ func (r *DataUploadReconciler) complete(ctx context.Context, j *uploadJob, vmb *
 		s.DataMoverResult = &result
 		s.Progress.TotalBytes, s.Progress.BytesDone = res.Bytes, res.Bytes
 	}); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
-	return ctrl.Result{}, op.cleanup(ctx)
+	return op.cleanup(ctx)
 }
 
 // temporaries are what a DataUpload creates in the VM's namespace and its

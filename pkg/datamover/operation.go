@@ -82,12 +82,17 @@ func phaseName[P ~string](p P) string {
 	return string(p)
 }
 
+// cancelingPause is how long a Canceling operation waits before its
+// temporary objects go.
+const cancelingPause = time.Second
+
 // cancel ends an operation Velero canceled: a live one goes Canceling
 // while its temporary objects go, then Canceled.
 func (o *operation[P]) cancel(ctx context.Context) (ctrl.Result, error) {
 	switch *o.phase {
 	case "Accepted", "Prepared", "InProgress":
-		return ctrl.Result{Requeue: true}, o.setStatus(ctx, corev1.EventTypeNormal, "Canceling", "canceling", func() { *o.phase = "Canceling" })
+		// Come back soon to delete the temporary objects and end it.
+		return ctrl.Result{RequeueAfter: cancelingPause}, o.setStatus(ctx, corev1.EventTypeNormal, "Canceling", "canceling", func() { *o.phase = "Canceling" })
 	}
 	if err := deleteAll(ctx, o.client, o.temporaries...); err != nil {
 		return ctrl.Result{}, err

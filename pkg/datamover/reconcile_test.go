@@ -301,7 +301,7 @@ var _ = Describe("the DataUpload state machine", func() {
 			du.Spec.Cancel = true
 		}), step{
 			objs:  uploadTemporaries(),
-			phase: "Canceling", message: "^canceling$", event: "Normal Canceling", result: ctrl.Result{Requeue: true},
+			phase: "Canceling", message: "^canceling$", event: "Normal Canceling", result: ctrl.Result{RequeueAfter: cancelingPause},
 			creates: uploadTemporaries()}),
 		Entry("Canceling: the temporary objects go", newUpload(velerov2.DataUploadPhaseCanceling), step{
 			objs:  uploadTemporaries(),
@@ -395,7 +395,7 @@ var _ = Describe("the DataDownload state machine", func() {
 		Entry("Prepared: a cancel goes through Canceling", with(newDownload(velerov2.DataDownloadPhasePrepared), func(dd *velerov2.DataDownload) {
 			dd.Spec.Cancel = true
 		}), false, step{objs: downloadTemporaries(), phase: "Canceling", message: "^canceling$", event: "Normal Canceling",
-			result: ctrl.Result{Requeue: true}, creates: downloadTemporaries()}),
+			result: ctrl.Result{RequeueAfter: cancelingPause}, creates: downloadTemporaries()}),
 		Entry("Canceling: the temporary objects go", newDownload(velerov2.DataDownloadPhaseCanceling), false, step{
 			objs: downloadTemporaries(), phase: "Canceled", message: "^canceled$", event: "Normal Canceled", cleaned: true}),
 		Entry("Failed: the temporary objects go once", newDownload(velerov2.DataDownloadPhaseFailed), false, step{
