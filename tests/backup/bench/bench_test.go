@@ -37,11 +37,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/backup/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
