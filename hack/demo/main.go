@@ -33,7 +33,7 @@ import (
 	"time"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/hack/demo/overlaydemo"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 func main() {
@@ -44,11 +44,9 @@ func main() {
 }
 
 func run() error {
-	// A flag set of its own: the framework's test dependencies register
-	// theirs on the default one.
 	flags := flag.NewFlagSet("demo", flag.ExitOnError)
 	opts := overlaydemo.Options{Log: os.Stdout}
-	flags.StringVar(&opts.OutDir, "out", filepath.Join(framework.OutDir(), "demo"), "output directory: VMI manifests, domain XML, disk usage table and chart")
+	flags.StringVar(&opts.OutDir, "out", filepath.Join(testenv.OutDir(), "demo"), "output directory: VMI manifests, domain XML, disk usage table and chart")
 	flags.StringVar(&opts.WorkDir, "work", "", "work directory for the images, created and removed (default: a new temporary directory)")
 	flags.BoolVar(&opts.KeepImages, "keep-images", false, "leave the work directory and its images for inspection")
 	_ = flags.Parse(os.Args[1:])

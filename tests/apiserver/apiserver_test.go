@@ -31,17 +31,18 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/apiserver"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 // The suites that test admission and controllers rely on these properties of
 // the envtest API server.
 var _ = Describe("envtest API server", Ordered, func() {
-	var server *framework.APIServer
+	var server *apiserver.Server
 
 	BeforeAll(func() {
 		var err error
-		server, err = framework.StartAPIServer(filepath.Join("testdata", "widgets.yaml"))
+		server, err = apiserver.Start(filepath.Join("testdata", "widgets.yaml"))
 		framework.Require(err, "kube-apiserver and etcd")
 		DeferCleanup(server.Stop)
 	})

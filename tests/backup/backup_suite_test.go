@@ -28,6 +28,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
@@ -41,7 +42,7 @@ var s3Binary string
 
 var _ = BeforeSuite(func(ctx context.Context) {
 	var err error
-	s3Binary, err = s3server.Binary(ctx, framework.RepoRoot())
+	s3Binary, err = s3server.Binary(ctx, testenv.RepoRoot())
 	framework.Require(err, "the S3 server build (hack/s3-server.sh)")
 }, NodeTimeout(15*60e9))
 

@@ -31,17 +31,17 @@ import (
 	. "github.com/onsi/gomega"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 // buildCLI builds cmd/qcow2-backup for the spec.
 func buildCLI(ctx context.Context) string {
-	bin, err := framework.BuildCommand(ctx, "./cmd/qcow2-backup", GinkgoT().TempDir())
+	bin, err := testenv.BuildCommand(ctx, "./cmd/qcow2-backup", GinkgoT().TempDir())
 	Expect(err).NotTo(HaveOccurred())
 	return bin
 }

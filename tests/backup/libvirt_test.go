@@ -29,6 +29,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
@@ -37,7 +38,7 @@ import (
 
 // guestRounds are the writes the test guest makes before each backup: the
 // first fills 8 MiB, the next two change 1 MiB and 512 KiB elsewhere.
-var guestRounds = []framework.GuestParams{
+var guestRounds = []testenv.GuestParams{
 	{StartLBA: 1, Sectors: 16384, Seed: 1},
 	{StartLBA: 8192, Sectors: 2048, Seed: 2},
 	{StartLBA: 40000, Sectors: 1024, Seed: 3},
@@ -45,7 +46,7 @@ var guestRounds = []framework.GuestParams{
 
 var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 	var (
-		lv      *framework.Libvirtd
+		lv      *testenv.Libvirtd
 		bin     string
 		work    string
 		storage []string
@@ -68,10 +69,10 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 		repo = newRepository(ctx, srv.BSL("backups", "velero"), creds)
 
 		raw := filepath.Join(work, "boot.raw")
-		Expect(framework.CreateBootDisk(ctx, raw, 64*mib, guestRounds[0])).To(Succeed())
-		_, err = framework.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", raw, live())
+		Expect(testenv.CreateBootDisk(ctx, raw, 64*mib, guestRounds[0])).To(Succeed())
+		_, err = testenv.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", raw, live())
 		Expect(err).NotTo(HaveOccurred())
-		Expect(lv.DefineAndStart(ctx, lv.NewDomain(domName, framework.FileDisk(live(), "qcow2", "vda")))).To(Succeed())
+		Expect(lv.DefineAndStart(ctx, lv.NewDomain(domName, testenv.FileDisk(live(), "qcow2", "vda")))).To(Succeed())
 		DeferCleanup(lv.DestroyAndUndefine, domName)
 	}, NodeTimeout(20*time.Minute))
 
@@ -84,7 +85,7 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 	runGuest := func(ctx context.Context, round int, name string, extra ...string) (string, int64) {
 		p := guestRounds[round]
 		if round > 0 {
-			Expect(framework.WriteBootSector(ctx, live(), "qcow2", p)).To(Succeed())
+			Expect(testenv.WriteBootSector(ctx, live(), "qcow2", p)).To(Succeed())
 			_, err := lv.Virsh(ctx, "start", domName)
 			Expect(err).NotTo(HaveOccurred())
 		}
@@ -106,8 +107,8 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 
 		_, err = lv.Virsh(ctx, "destroy", "--graceful", domName)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(lv.WaitForState(ctx, domName, framework.StateShutOff)).To(Succeed())
-		_, err = framework.QemuImg(ctx, "convert", "-f", "qcow2", "-O", "raw", live(), expected(name))
+		Expect(lv.WaitForState(ctx, domName, testenv.StateShutOff)).To(Succeed())
+		_, err = testenv.QemuImg(ctx, "convert", "-f", "qcow2", "-O", "raw", live(), expected(name))
 		Expect(err).NotTo(HaveOccurred())
 		return res.Type, res.BytesUploaded
 	}
@@ -146,9 +147,9 @@ var _ = Describe("backups of a running libvirt domain", Ordered, func() {
 			Expect(same).To(BeTrue(), "restored %s differs from the live disk at its checkpoint", b)
 			for _, r := range rounds {
 				p := guestRounds[r]
-				data, err := framework.ReadSectors(ctx, target, "raw", p.StartLBA, uint64(p.Sectors))
+				data, err := testenv.ReadSectors(ctx, target, "raw", p.StartLBA, uint64(p.Sectors))
 				Expect(err).NotTo(HaveOccurred())
-				Expect(framework.VerifyGuestData(data, p.StartLBA, p.Seed)).To(Succeed())
+				Expect(testenv.VerifyGuestData(data, p.StartLBA, p.Seed)).To(Succeed())
 			}
 		},
 		Entry("the full one", "b1", []int{0}, NodeTimeout(5*time.Minute)),

@@ -27,6 +27,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -39,7 +40,7 @@ func TestContainerDisk(t *testing.T) {
 var binary string
 
 var _ = BeforeSuite(func() {
-	binary = framework.Binary("container-disk")
+	binary = testenv.Binary("container-disk")
 
 	// make is cheap when the binary is up to date and keeps the suite from
 	// testing a stale build after the C sources changed.
@@ -50,7 +51,7 @@ var _ = BeforeSuite(func() {
 		}
 		framework.Require(err, "the container-disk build")
 	}
-	build := exec.Command("make", "-C", framework.RepoRoot(), "_out/bin/container-disk")
+	build := exec.Command("make", "-C", testenv.RepoRoot(), "_out/bin/container-disk")
 	out, err := build.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "make _out/bin/container-disk:\n%s", out)
 	Expect(binary).To(BeAnExistingFile())

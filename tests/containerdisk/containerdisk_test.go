@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gbytes"
@@ -114,7 +114,7 @@ func peerPID(socket string) (int, error) {
 		return 0, err
 	}
 	defer conn.Close()
-	pid, err := framework.PeerPID(conn.(*net.UnixConn))
+	pid, err := testenv.PeerPID(conn.(*net.UnixConn))
 	if err != nil {
 		return 0, err
 	}

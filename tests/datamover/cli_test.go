@@ -31,6 +31,7 @@ import (
 
 	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
@@ -38,7 +39,7 @@ import (
 
 var _ = Describe("qcow2-backup with a location of the cluster", func() {
 	It("reads the BackupStorageLocation by name, with its secret and caCert, through a kubeconfig", func(ctx context.Context) {
-		bin, err := framework.BuildCommand(ctx, "./cmd/qcow2-backup", GinkgoT().TempDir())
+		bin, err := testenv.BuildCommand(ctx, "./cmd/qcow2-backup", GinkgoT().TempDir())
 		Expect(err).NotTo(HaveOccurred())
 		config := filepath.Join(GinkgoT().TempDir(), "kubeconfig")
 		Expect(os.WriteFile(config, kubeconfig, 0o600)).To(Succeed())

@@ -33,11 +33,11 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 var _ = Describe("DataDownload", func() {
@@ -63,7 +63,7 @@ var _ = Describe("DataDownload", func() {
 		dd := newDataDownload(ctx, datamover.SnapshotID("old", vm.namespace, vm.name), vm.namespace, "restored", loc, map[string]string{datamover.ConfigDisk: "vda"})
 		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataDownloadPhaseCompleted))
 		restored := filepath.Join(vols.dir(vm.namespace, "restored"), datamover.PodTargetFile)
-		Expect(framework.SHA256(restored)).To(Equal(must(framework.SHA256(atOld))))
+		Expect(testenv.SHA256(restored)).To(Equal(must(testenv.SHA256(atOld))))
 	})
 
 	It("restores into a block claim with a pod the restricted Pod Security level admits", func(ctx context.Context) {

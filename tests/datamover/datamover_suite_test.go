@@ -42,6 +42,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/apiserver"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
@@ -72,13 +74,13 @@ var (
 
 var _ = BeforeSuite(func(ctx context.Context) {
 	var err error
-	s3Binary, err = s3server.Binary(ctx, framework.RepoRoot())
+	s3Binary, err = s3server.Binary(ctx, testenv.RepoRoot())
 	framework.Require(err, "the S3 server build (hack/s3-server.sh)")
 	_, err = exec.LookPath("qemu-img")
 	framework.Require(err, "qemu-img")
 
 	veleroCRDs := veleroCRDPaths(ctx)
-	api, err := framework.StartAPIServer(append(veleroCRDs, "testdata")...)
+	api, err := apiserver.Start(append(veleroCRDs, "testdata")...)
 	framework.Require(err, "kube-apiserver and etcd (envtest)")
 	DeferCleanup(api.Stop)
 	kubeconfig = api.Env.KubeConfig

@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
@@ -115,7 +116,7 @@ var _ = Describe("DataUpload", func() {
 		Expect(done.Status.Message).To(ContainSubstring("chain of 2"))
 		Expect(done.Status.Progress.BytesDone).To(Equal(fullBytes + incBytes))
 		restored := filepath.Join(vols.dir(vm.namespace, "restored"), datamover.PodTargetFile)
-		Expect(framework.SHA256(restored)).To(Equal(must(framework.SHA256(atTue))))
+		Expect(testenv.SHA256(restored)).To(Equal(must(testenv.SHA256(atTue))))
 		Eventually(gone(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: vm.namespace, Name: "kubevirt-restore-" + dd.Name}})).Should(BeTrue())
 		Eventually(gone(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: vm.namespace, Name: "kubevirt-restore-" + dd.Name}})).Should(BeTrue())
 	})

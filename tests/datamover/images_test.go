@@ -34,6 +34,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/ociimage"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
@@ -64,7 +65,7 @@ var _ = Describe("the datamover's images", func() {
 		hostBundle, err := os.ReadFile(caBundle)
 		framework.Require(err, "the machine's CA bundle (ca-certificates)")
 		out := GinkgoT().TempDir()
-		cmd := exec.CommandContext(ctx, filepath.Join(framework.RepoRoot(), "hack", "datamover-images.sh"), out, "registry.example.com/kubevirt-qcow2", "test")
+		cmd := exec.CommandContext(ctx, filepath.Join(testenv.RepoRoot(), "hack", "datamover-images.sh"), out, "registry.example.com/kubevirt-qcow2", "test")
 		output, err := cmd.CombinedOutput()
 		Expect(err).NotTo(HaveOccurred(), "hack/datamover-images.sh: %s", output)
 

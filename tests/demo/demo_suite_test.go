@@ -31,6 +31,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -43,12 +44,12 @@ func TestDemo(t *testing.T) {
 var demo string
 
 var _ = BeforeSuite(func(ctx SpecContext) {
-	_, err := os.Stat(filepath.Join(framework.KubeVirtTree(), "pkg", "storage", "overlay", "overlay.go"))
+	_, err := os.Stat(filepath.Join(testenv.KubeVirtTree(), "pkg", "storage", "overlay", "overlay.go"))
 	framework.Require(err, "the patched KubeVirt tree (make)")
 
 	demo = filepath.Join(GinkgoT().TempDir(), "demo")
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", demo, "./hack/demo")
-	cmd.Dir = framework.RepoRoot()
+	cmd.Dir = testenv.RepoRoot()
 	out, err := cmd.CombinedOutput()
 	Expect(err).ToNot(HaveOccurred(), string(out))
 }, NodeTimeout(10*time.Minute))

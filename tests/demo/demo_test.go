@@ -34,8 +34,8 @@ import (
 	. "github.com/onsi/gomega"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 const mib = 1 << 20
@@ -130,7 +130,7 @@ var _ = Describe("the local demo", func() {
 
 		By("leaving no domain, QEMU or mount behind")
 		Expect(processesNaming(work)).To(BeEmpty())
-		mounts, err := framework.MountPoints()
+		mounts, err := testenv.MountPoints()
 		Expect(err).ToNot(HaveOccurred())
 		for _, m := range mounts {
 			Expect(m.MountPoint).ToNot(HavePrefix(dir))

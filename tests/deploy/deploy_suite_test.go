@@ -38,6 +38,8 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/apiserver"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -54,7 +56,7 @@ var apiConfig *rest.Config
 
 var _ = BeforeSuite(func() {
 	ctrllog.SetLogger(GinkgoLogr)
-	tree := framework.KubeVirtTree()
+	tree := testenv.KubeVirtTree()
 	_, err := os.Stat(filepath.Join(tree, "pkg", "storage", "admitters", "overlay.go"))
 	framework.Require(err, "the patched KubeVirt tree (hack/kubevirt.sh apply)")
 
@@ -62,7 +64,7 @@ var _ = BeforeSuite(func() {
 	source, err := filepath.Abs(filepath.Join("..", "overlayadmission", "testdata", "crds", "main.go"))
 	Expect(err).ToNot(HaveOccurred())
 	bin := filepath.Join(work, "bin")
-	Expect(framework.BuildInKubeVirtTree(context.Background(), map[string]string{crdTool: source}, bin)).To(Succeed())
+	Expect(testenv.BuildInKubeVirtTree(context.Background(), map[string]string{crdTool: source}, bin)).To(Succeed())
 	crdDir := filepath.Join(work, "crds")
 	out, err := exec.Command(filepath.Join(bin, filepath.Base(crdTool)), "--out", crdDir).CombinedOutput()
 	Expect(err).ToNot(HaveOccurred(), "render the patched CRDs: %s", out)
@@ -71,7 +73,7 @@ var _ = BeforeSuite(func() {
 	backupCRDs, err := filepath.Glob(filepath.Join("..", "datamover", "testdata", "backup.kubevirt.io_*.yaml"))
 	Expect(err).ToNot(HaveOccurred())
 	Expect(backupCRDs).To(HaveLen(2))
-	server, err := framework.StartAPIServer(append(crds, backupCRDs...)...)
+	server, err := apiserver.Start(append(crds, backupCRDs...)...)
 	framework.Require(err, "kube-apiserver and etcd")
 	DeferCleanup(server.Stop)
 	apiConfig = server.Config
@@ -92,7 +94,7 @@ func veleroCRDs() []string {
 
 // render builds a kustomization under deploy/ as `kubectl apply -k` would.
 func render(kustomization string) []*unstructured.Unstructured {
-	dir := filepath.Join(framework.RepoRoot(), "deploy", kustomization)
+	dir := filepath.Join(testenv.RepoRoot(), "deploy", kustomization)
 	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
 	Expect(err).ToNot(HaveOccurred(), "kustomize build %s", dir)
 	var objs []*unstructured.Unstructured

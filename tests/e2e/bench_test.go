@@ -33,7 +33,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 // The benchmark of `make bench-e2e`: how long from creating a VM to the
@@ -64,7 +64,7 @@ var _ = Describe("start to first serial line", Label("bench"), Ordered, func() {
 		golden = filepath.Join(dir, "disk.img")
 		Expect(exec.CommandContext(ctx, "dd", "if=/dev/urandom", "of="+golden, "bs=4M",
 			fmt.Sprintf("count=%d", benchGoldenSize>>22), "status=none").Run()).To(Succeed())
-		Expect(framework.WriteBootSector(ctx, golden, "raw", guestParams)).To(Succeed())
+		Expect(testenv.WriteBootSector(ctx, golden, "raw", guestParams)).To(Succeed())
 		localClaim(ctx, "bench-golden", dir, "Filesystem", "ReadOnlyMany", benchGoldenSize)
 	})
 
@@ -134,7 +134,7 @@ func timeToSerial(ctx context.Context, vm, volumeSource string, prepare func()) 
 		g.Expect(pods).ToNot(BeEmpty())
 		out, err := kubectl(ctx, "-n", namespace, "logs", strings.Fields(pods)[0], "-c", "guest-console-log")
 		g.Expect(err).ToNot(HaveOccurred())
-		g.Expect(framework.ParseGuestStatus(out).Started).To(BeTrue())
+		g.Expect(testenv.ParseGuestStatus(out).Started).To(BeTrue())
 		took = time.Since(start)
 	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(benchPoll).Should(Succeed())
 	deleteVM(ctx, vm)

@@ -41,6 +41,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -50,11 +51,11 @@ func TestE2E(t *testing.T) {
 }
 
 var (
-	clusterScript = filepath.Join(framework.RepoRoot(), "hack", "cluster.sh")
-	clusterDir    = filepath.Join(framework.OutDir(), "cluster")
+	clusterScript = filepath.Join(testenv.RepoRoot(), "hack", "cluster.sh")
+	clusterDir    = filepath.Join(testenv.OutDir(), "cluster")
 	kubeconfig    = filepath.Join(clusterDir, "kubeconfig")
-	virtctlBin    = filepath.Join(framework.OutDir(), "kubevirt-v1.7.0", "bin", "virtctl")
-	artifactsDir  = filepath.Join(framework.OutDir(), "e2e-artifacts")
+	virtctlBin    = filepath.Join(testenv.OutDir(), "kubevirt-v1.7.0", "bin", "virtctl")
+	artifactsDir  = filepath.Join(testenv.OutDir(), "e2e-artifacts")
 	kubectlBin    string
 )
 
@@ -62,7 +63,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	if os.Geteuid() != 0 {
 		framework.Require(fmt.Errorf("needs root"), "the one-node cluster")
 	}
-	out, err := exec.CommandContext(ctx, filepath.Join(framework.RepoRoot(), "hack", "kubernetes.sh"), "kubectl").Output()
+	out, err := exec.CommandContext(ctx, filepath.Join(testenv.RepoRoot(), "hack", "kubernetes.sh"), "kubectl").Output()
 	framework.Require(err, "kubectl (hack/kubernetes.sh)")
 	kubectlBin = filepath.Join(strings.TrimSpace(string(out)), "kubectl")
 

@@ -26,7 +26,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 // Host paths are the cluster administrator's decision: the KubeVirt CR must
@@ -42,7 +42,7 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 		image := filepath.Join(volumesDir, "hostpath-golden.img")
 		Expect(os.RemoveAll(image)).To(Succeed())
 		Expect(os.MkdirAll(volumesDir, 0o755)).To(Succeed())
-		Expect(framework.CreateBootDisk(ctx, image, goldenSize, guestParams)).To(Succeed())
+		Expect(testenv.CreateBootDisk(ctx, image, goldenSize, guestParams)).To(Succeed())
 		// Only the node's mount namespace has these directories.
 		Expect(inNode(ctx, "sh", "-c", "mkdir -p "+allowed+" "+outside+
 			" && cp "+image+" "+allowed+"/golden.raw && cp "+image+" "+outside+"/golden.raw"+

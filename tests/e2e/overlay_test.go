@@ -30,12 +30,12 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 // Where virt-launcher's compute container keeps an ephemeral overlay.
-var ephemeralOverlay = framework.OverlayEphemeralImage("rootdisk")
+var ephemeralOverlay = testenv.OverlayEphemeralImage("rootdisk")
 
 // allocatedInTop is how many bytes of the guest's written range the top
 // image of a chain holds, read with qemu-img inside the launcher pod while
@@ -50,8 +50,8 @@ func allocatedInTop(ctx context.Context, pod, image string) int64 {
 		Data          bool
 	}
 	Expect(json.Unmarshal([]byte(out), &extents)).To(Succeed())
-	first := int64(guestParams.StartLBA) * framework.SectorSize
-	last := first + int64(guestParams.Sectors)*framework.SectorSize
+	first := int64(guestParams.StartLBA) * testenv.SectorSize
+	last := first + int64(guestParams.Sectors)*testenv.SectorSize
 	var n int64
 	for _, e := range extents {
 		if e.Depth != 0 || !e.Data {
@@ -85,7 +85,7 @@ var _ = Describe("overlay volumes through the API", Ordered, func() {
 	BeforeAll(func(ctx SpecContext) {
 		golden = goldenFilesystem(ctx, "golden-fs")
 		var err error
-		goldenSHA, err = framework.SHA256(golden)
+		goldenSHA, err = testenv.SHA256(golden)
 		Expect(err).ToNot(HaveOccurred())
 	})
 
@@ -111,21 +111,21 @@ overlay:
 			Expect(kubectl(ctx, "-n", namespace, "exec", pod, "-c", "compute", "--", "id", "-u")).To(Equal("107"))
 			Expect(kubectl(ctx, "-n", namespace, "exec", pod, "-c", "compute", "--", "stat", "-c", "%u", ephemeralOverlay)).To(Equal("107"))
 			// Every byte the guest wrote is in its own overlay.
-			Expect(allocatedInTop(ctx, pod, ephemeralOverlay)).To(Equal(int64(guestParams.Sectors) * framework.SectorSize))
+			Expect(allocatedInTop(ctx, pod, ephemeralOverlay)).To(Equal(int64(guestParams.Sectors) * testenv.SectorSize))
 		}
-		Expect(framework.SHA256(golden)).To(Equal(goldenSHA), "the golden image changed")
+		Expect(testenv.SHA256(golden)).To(Equal(goldenSHA), "the golden image changed")
 
 		for _, vm := range vms {
 			deleteVM(ctx, vm)
 			Eventually(func() string { return nodeLeftovers(ctx, uids[vm]) }).
 				WithContext(ctx).WithTimeout(2*time.Minute).Should(BeEmpty(), "the node still holds %s's pod", vm)
 		}
-		Expect(framework.SHA256(golden)).To(Equal(goldenSHA))
+		Expect(testenv.SHA256(golden)).To(Equal(goldenSHA))
 	})
 
 	// The next boot's guest writes elsewhere, so data from both boots in
 	// the target shows that the second boot ran on the first one's overlay.
-	secondBoot := framework.GuestParams{StartLBA: 8192, Sectors: 2048, ProgressEvery: 4, Seed: 11}
+	secondBoot := testenv.GuestParams{StartLBA: 8192, Sectors: 2048, ProgressEvery: 4, Seed: 11}
 
 	persistent := func(target string) string {
 		return fmt.Sprintf(`
@@ -144,17 +144,17 @@ overlay:
 			waitGuestDone(ctx, vm)
 			Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
 			waitVMIGone(ctx, vm)
-			Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(target, qcow2.FormatQcow2), "", guestParams)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(target, qcow2.FormatQcow2), "", guestParams)).To(Succeed())
 
-			Expect(framework.WriteBootSector(ctx, framework.OverlayOver(target, golden, "raw"), "", secondBoot)).To(Succeed())
+			Expect(testenv.WriteBootSector(ctx, testenv.OverlayOver(target, golden, "raw"), "", secondBoot)).To(Succeed())
 			Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
 			waitVMIReady(ctx, vm)
 			waitGuestDone(ctx, vm)
 			Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
 			waitVMIGone(ctx, vm)
-			Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(target, qcow2.FormatQcow2), "", guestParams)).To(Succeed())
-			Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(target, qcow2.FormatQcow2), "", secondBoot)).To(Succeed())
-			Expect(framework.SHA256(golden)).To(Equal(goldenSHA))
+			Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(target, qcow2.FormatQcow2), "", guestParams)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(target, qcow2.FormatQcow2), "", secondBoot)).To(Succeed())
+			Expect(testenv.SHA256(golden)).To(Equal(goldenSHA))
 			deleteVM(ctx, vm)
 		},
 		Entry("on a Filesystem target claim", "persistent-fs", func(ctx context.Context) string {
@@ -180,7 +180,7 @@ overlay:
 			waitGuestDone(ctx, vm)
 			Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
 			waitVMIGone(ctx, vm)
-			overlaySHA, err := framework.SHA256(target)
+			overlaySHA, err := testenv.SHA256(target)
 			Expect(err).ToNot(HaveOccurred())
 
 			// The golden image grows by 1 MiB behind the overlay's back.
@@ -196,9 +196,9 @@ overlay:
 				"involvedObject.kind=VirtualMachineInstance,involvedObject.name="+vm+",reason=SyncFailed", "-o", "jsonpath={.items[*].message}")
 			Expect(err).ToNot(HaveOccurred())
 			Expect(events).To(ContainSubstring("refusing to start"))
-			Expect(framework.SHA256(target)).To(Equal(overlaySHA), "the overlay was touched")
+			Expect(testenv.SHA256(target)).To(Equal(overlaySHA), "the overlay was touched")
 			deleteVM(ctx, vm)
-			Expect(framework.SHA256(target)).To(Equal(overlaySHA))
+			Expect(testenv.SHA256(target)).To(Equal(overlaySHA))
 		},
 		Entry("on a Filesystem target claim", "changed-fs", func(ctx context.Context, name string) string {
 			return filepath.Join(emptyFilesystemClaim(ctx, name, goldenSize*2), "disk.qcow2")
@@ -211,8 +211,8 @@ overlay:
 	It("boots a VM from an ephemeral overlay over a Block-mode golden claim", func(ctx SpecContext) {
 		vm := "block-golden"
 		dev := blockClaim(ctx, vm, goldenSize)
-		Expect(framework.WriteBootSector(ctx, dev, "raw", guestParams)).To(Succeed())
-		before, err := framework.SHA256(dev)
+		Expect(testenv.WriteBootSector(ctx, dev, "raw", guestParams)).To(Succeed())
+		before, err := testenv.SHA256(dev)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(apply(ctx, vmYAML(vm, "Always", `
 overlay:
@@ -220,9 +220,9 @@ overlay:
   backingFormat: raw`))).To(Succeed())
 		waitVMIReady(ctx, vm)
 		waitGuestDone(ctx, vm)
-		Expect(allocatedInTop(ctx, launcherPod(ctx, vm), ephemeralOverlay)).To(Equal(int64(guestParams.Sectors) * framework.SectorSize))
+		Expect(allocatedInTop(ctx, launcherPod(ctx, vm), ephemeralOverlay)).To(Equal(int64(guestParams.Sectors) * testenv.SectorSize))
 		deleteVM(ctx, vm)
-		Expect(framework.SHA256(dev)).To(Equal(before), "the golden device changed")
+		Expect(testenv.SHA256(dev)).To(Equal(before), "the golden device changed")
 	}, SpecTimeout(10*time.Minute))
 
 	DescribeTable("the running virt-api refuses bad overlays, naming the field",

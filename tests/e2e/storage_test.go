@@ -26,7 +26,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 // namespace holds every object the specs create.
@@ -36,7 +36,7 @@ const nodeName = "kubevirt-qcow2-node"
 
 // guestParams is what the golden image's test guest writes: 1 MiB after
 // its boot sector, then DONE on the serial console.
-var guestParams = framework.GuestParams{StartLBA: 2048, Sectors: 2048, ProgressEvery: 4, Seed: 0x5eed}
+var guestParams = testenv.GuestParams{StartLBA: 2048, Sectors: 2048, ProgressEvery: 4, Seed: 0x5eed}
 
 const goldenSize = 64 << 20
 
@@ -83,7 +83,7 @@ func goldenFilesystem(ctx context.Context, name string) string {
 	Expect(os.RemoveAll(dir)).To(Succeed())
 	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
 	image := filepath.Join(dir, "disk.img")
-	Expect(framework.CreateBootDisk(ctx, image, goldenSize, guestParams)).To(Succeed())
+	Expect(testenv.CreateBootDisk(ctx, image, goldenSize, guestParams)).To(Succeed())
 	localClaim(ctx, name, dir, "Filesystem", "ReadOnlyMany", goldenSize)
 	return image
 }
@@ -103,7 +103,7 @@ func blockClaim(ctx context.Context, name string, size int64) string {
 	Expect(os.MkdirAll(volumesDir, 0o755)).To(Succeed())
 	file := filepath.Join(volumesDir, name+".img")
 	Expect(os.RemoveAll(file)).To(Succeed())
-	dev, err := framework.CreateLoopFile(ctx, file, size)
+	dev, err := testenv.CreateLoopFile(ctx, file, size)
 	Expect(err).ToNot(HaveOccurred())
 	localClaim(ctx, name, dev, "Block", "ReadWriteOnce", size)
 	return dev

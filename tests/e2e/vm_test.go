@@ -27,7 +27,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 // Guests run under TCG where the node has no KVM: generous timeouts.
@@ -97,13 +97,13 @@ func launcherPod(ctx context.Context, vm string) string {
 
 // waitGuestDone waits for the test guest's DONE on the serial console, as
 // KubeVirt's guest-console-log container shows it.
-func waitGuestDone(ctx context.Context, vm string) framework.GuestStatus {
+func waitGuestDone(ctx context.Context, vm string) testenv.GuestStatus {
 	pod := launcherPod(ctx, vm)
-	var status framework.GuestStatus
+	var status testenv.GuestStatus
 	Eventually(func(g Gomega) {
 		out, err := kubectl(ctx, "-n", namespace, "logs", pod, "-c", "guest-console-log")
 		g.Expect(err).ToNot(HaveOccurred())
-		status = framework.ParseGuestStatus(out)
+		status = testenv.ParseGuestStatus(out)
 		g.Expect(status.Finished()).To(BeTrue(), "guest serial so far: %q", out)
 	}).WithContext(ctx).WithTimeout(guestTimeout).WithPolling(2 * time.Second).Should(Succeed())
 	Expect(status.Failed).To(BeFalse(), "the guest reported INT 13h error %#x", status.Err)

@@ -28,6 +28,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -37,10 +38,10 @@ func TestEnv(t *testing.T) {
 }
 
 // daemon is the suite's private libvirtd.
-var daemon *framework.Libvirtd
+var daemon *testenv.Libvirtd
 
 var _ = BeforeSuite(func(ctx SpecContext) {
-	d, err := framework.StartLibvirtd(ctx)
+	d, err := testenv.StartLibvirtd(ctx)
 	framework.Require(err, "private libvirtd")
 	daemon = d
 	DeferCleanup(daemon.Stop, NodeTimeout(time.Minute))

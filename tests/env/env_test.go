@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
@@ -46,8 +47,8 @@ const (
 
 // guestParams writes guestSectors sectors from LBA 8 with a seed that
 // differs per spec and per run (reproducible with --seed).
-func guestParams(salt uint32) framework.GuestParams {
-	return framework.GuestParams{
+func guestParams(salt uint32) testenv.GuestParams {
+	return testenv.GuestParams{
 		StartLBA:      8,
 		Sectors:       guestSectors,
 		ProgressEvery: 4,
@@ -58,7 +59,7 @@ func guestParams(salt uint32) framework.GuestParams {
 // runGuest starts a domain on d, waits for the test guest to finish and
 // returns what it reported; the domain stays defined and running (halted)
 // until the spec ends.
-func runGuest(ctx context.Context, d *framework.Libvirtd, dom *libvirtxml.Domain) framework.GuestStatus {
+func runGuest(ctx context.Context, d *testenv.Libvirtd, dom *libvirtxml.Domain) testenv.GuestStatus {
 	GinkgoHelper()
 	Expect(d.DefineAndStart(ctx, dom)).To(Succeed())
 	DeferCleanup(d.DestroyAndUndefine, dom.Name, NodeTimeout(time.Minute))
@@ -73,10 +74,10 @@ var _ = Describe("the test guest", func() {
 		func(ctx SpecContext, virtType func() string) {
 			p := guestParams(0x1)
 			disk := filepath.Join(GinkgoT().TempDir(), "disk.raw")
-			Expect(framework.CreateBootDisk(ctx, disk, diskSize, p)).To(Succeed())
+			Expect(testenv.CreateBootDisk(ctx, disk, diskSize, p)).To(Succeed())
 
 			name := "raw-" + virtType()
-			dom := daemon.NewDomain(name, framework.FileDisk(disk, "raw", "vda"))
+			dom := daemon.NewDomain(name, testenv.FileDisk(disk, "raw", "vda"))
 			dom.Type = virtType()
 			status := runGuest(ctx, daemon, dom)
 			Expect(status.Done).To(BeTrue())
@@ -88,15 +89,15 @@ var _ = Describe("the test guest", func() {
 			Expect(strings.Count(serial, "PROGRESS ")).To(BeNumerically(">=", 2), "periodic progress lines")
 			Expect(serial).To(HaveSuffix(fmt.Sprintf("DONE %08x\r\n", p.Sectors)))
 
-			Expect(framework.VerifyGuestWrites(ctx, disk, "raw", p)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, disk, "raw", p)).To(Succeed())
 			otherSeed := p
 			otherSeed.Seed++
-			Expect(framework.VerifyGuestWrites(ctx, disk, "raw", otherSeed)).NotTo(Succeed(), "the pattern depends on the seed")
+			Expect(testenv.VerifyGuestWrites(ctx, disk, "raw", otherSeed)).NotTo(Succeed(), "the pattern depends on the seed")
 			bootSector, err := p.BootSector(ctx)
 			Expect(err).NotTo(HaveOccurred())
-			Expect(framework.ReadSectors(ctx, disk, "raw", 0, 1)).To(Equal(bootSector), "sector 0 stays intact")
-			Expect(framework.ReadSectors(ctx, disk, "raw", 1, p.StartLBA-1)).To(Equal(make([]byte, (p.StartLBA-1)*framework.SectorSize)), "no writes before the start")
-			Expect(framework.ReadSectors(ctx, disk, "raw", p.StartLBA+uint64(p.Sectors), 1)).To(Equal(make([]byte, framework.SectorSize)), "no writes after the end")
+			Expect(testenv.ReadSectors(ctx, disk, "raw", 0, 1)).To(Equal(bootSector), "sector 0 stays intact")
+			Expect(testenv.ReadSectors(ctx, disk, "raw", 1, p.StartLBA-1)).To(Equal(make([]byte, (p.StartLBA-1)*testenv.SectorSize)), "no writes before the start")
+			Expect(testenv.ReadSectors(ctx, disk, "raw", p.StartLBA+uint64(p.Sectors), 1)).To(Equal(make([]byte, testenv.SectorSize)), "no writes after the end")
 		},
 		Entry("with the daemon's virt type (KVM when it works)", func() string { return daemon.VirtType() }, SpecTimeout(2*time.Minute)),
 		Entry("under TCG", func() string { return "qemu" }, SpecTimeout(2*time.Minute)),
@@ -104,11 +105,11 @@ var _ = Describe("the test guest", func() {
 
 	It("reports the INT 13h status when a write fails", func(ctx SpecContext) {
 		// The last call runs past the end of a 1 MiB disk.
-		p := framework.GuestParams{StartLBA: 1, Sectors: 2048, Seed: 5}
+		p := testenv.GuestParams{StartLBA: 1, Sectors: 2048, Seed: 5}
 		disk := filepath.Join(GinkgoT().TempDir(), "small.raw")
-		Expect(framework.CreateBootDisk(ctx, disk, mib, p)).To(Succeed())
+		Expect(testenv.CreateBootDisk(ctx, disk, mib, p)).To(Succeed())
 		const name = "write-error"
-		Expect(daemon.DefineAndStart(ctx, daemon.NewDomain(name, framework.FileDisk(disk, "raw", "vda")))).To(Succeed())
+		Expect(daemon.DefineAndStart(ctx, daemon.NewDomain(name, testenv.FileDisk(disk, "raw", "vda")))).To(Succeed())
 		DeferCleanup(daemon.DestroyAndUndefine, name, NodeTimeout(time.Minute))
 		status, err := daemon.WaitForGuest(ctx, name)
 		Expect(err).NotTo(HaveOccurred())
@@ -119,19 +120,19 @@ var _ = Describe("the test guest", func() {
 		By("stopping the domain, which stays defined")
 		_, err = daemon.Virsh(ctx, "destroy", name)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(daemon.WaitForState(ctx, name, framework.StateShutOff)).To(Succeed())
+		Expect(daemon.WaitForState(ctx, name, testenv.StateShutOff)).To(Succeed())
 	}, SpecTimeout(time.Minute))
 
 	It("paces its writes with DelayMicros", func(ctx SpecContext) {
-		p := framework.GuestParams{StartLBA: 1, Sectors: 3 * 16, SectorsPerCall: 16, ProgressEvery: 1, DelayMicros: 1_000_000, Seed: 6}
+		p := testenv.GuestParams{StartLBA: 1, Sectors: 3 * 16, SectorsPerCall: 16, ProgressEvery: 1, DelayMicros: 1_000_000, Seed: 6}
 		disk := filepath.Join(GinkgoT().TempDir(), "paced.raw")
-		Expect(framework.CreateBootDisk(ctx, disk, diskSize, p)).To(Succeed())
+		Expect(testenv.CreateBootDisk(ctx, disk, diskSize, p)).To(Succeed())
 		const name = "paced"
-		Expect(daemon.DefineAndStart(ctx, daemon.NewDomain(name, framework.FileDisk(disk, "raw", "vda")))).To(Succeed())
+		Expect(daemon.DefineAndStart(ctx, daemon.NewDomain(name, testenv.FileDisk(disk, "raw", "vda")))).To(Succeed())
 		DeferCleanup(daemon.DestroyAndUndefine, name, NodeTimeout(time.Minute))
-		status := func() (framework.GuestStatus, error) {
+		status := func() (testenv.GuestStatus, error) {
 			serial, err := daemon.ReadSerial(name)
-			return framework.ParseGuestStatus(serial), err
+			return testenv.ParseGuestStatus(serial), err
 		}
 		By("seeing the first call's progress while the guest waits")
 		Eventually(status).WithContext(ctx).Should(And(
@@ -142,17 +143,17 @@ var _ = Describe("the test guest", func() {
 		By("pausing and resuming the domain")
 		_, err := daemon.Virsh(ctx, "suspend", name)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(daemon.WaitForState(ctx, name, framework.StatePaused)).To(Succeed())
+		Expect(daemon.WaitForState(ctx, name, testenv.StatePaused)).To(Succeed())
 		state, reason, err := daemon.DomainState(ctx, name)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(state).To(Equal(framework.StatePaused))
+		Expect(state).To(Equal(testenv.StatePaused))
 		Expect(reason).To(Equal("user"))
 		_, err = daemon.Virsh(ctx, "resume", name)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(daemon.WaitForState(ctx, name, framework.StateRunning)).To(Succeed())
+		Expect(daemon.WaitForState(ctx, name, testenv.StateRunning)).To(Succeed())
 
 		Eventually(status).WithContext(ctx).Should(HaveField("Done", BeTrue()))
-		Expect(framework.VerifyGuestWrites(ctx, disk, "raw", p)).To(Succeed())
+		Expect(testenv.VerifyGuestWrites(ctx, disk, "raw", p)).To(Succeed())
 	}, SpecTimeout(time.Minute))
 
 	It("writes through a qcow2 overlay into the overlay, leaving the raw backing unchanged", func(ctx SpecContext) {
@@ -160,12 +161,12 @@ var _ = Describe("the test guest", func() {
 		backing := filepath.Join(dir, "golden.raw")
 		overlay := filepath.Join(dir, "overlay.qcow2")
 		// The golden image's guest writes nothing; the overlay gets its own.
-		Expect(framework.CreateBootDisk(ctx, backing, diskSize, framework.GuestParams{StartLBA: 1})).To(Succeed())
-		backingHash, err := framework.SHA256(backing)
+		Expect(testenv.CreateBootDisk(ctx, backing, diskSize, testenv.GuestParams{StartLBA: 1})).To(Succeed())
+		backingHash, err := testenv.SHA256(backing)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(qcow2.Tool{}.CreateOverlay(ctx, overlay, backing, qcow2.FormatRaw, qcow2.CreateOptions{})).To(Succeed())
 		p := guestParams(0x2)
-		Expect(framework.WriteBootSector(ctx, overlay, "qcow2", p)).To(Succeed())
+		Expect(testenv.WriteBootSector(ctx, overlay, "qcow2", p)).To(Succeed())
 
 		info, err := qcow2.Tool{}.Info(ctx, overlay, qcow2.InfoOptions{})
 		Expect(err).NotTo(HaveOccurred())
@@ -175,7 +176,7 @@ var _ = Describe("the test guest", func() {
 		Expect(info.BackingFormat).To(Equal("raw"))
 
 		const name = "overlay-file"
-		dom := daemon.NewDomain(name, framework.FileDisk(overlay, "qcow2", "vda"))
+		dom := daemon.NewDomain(name, testenv.FileDisk(overlay, "qcow2", "vda"))
 		status := runGuest(ctx, daemon, dom)
 		Expect(status.Written).To(BeEquivalentTo(p.Sectors))
 
@@ -190,9 +191,9 @@ var _ = Describe("the test guest", func() {
 		Expect(err).NotTo(HaveOccurred(), "qemu-img -U reads an image in use")
 
 		Expect(daemon.DestroyAndUndefine(ctx, name)).To(Succeed())
-		Expect(framework.VerifyGuestWrites(ctx, overlay, "qcow2", p)).To(Succeed())
-		Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(overlay, qcow2.FormatQcow2), "", p)).To(Succeed(), "the writes are in the overlay itself")
-		Expect(framework.SHA256(backing)).To(Equal(backingHash))
+		Expect(testenv.VerifyGuestWrites(ctx, overlay, "qcow2", p)).To(Succeed())
+		Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(overlay, qcow2.FormatQcow2), "", p)).To(Succeed(), "the writes are in the overlay itself")
+		Expect(testenv.SHA256(backing)).To(Equal(backingHash))
 		check, err := qcow2.Tool{}.Check(ctx, overlay, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(check.Clean()).To(BeTrue(), "%+v", check)
@@ -202,32 +203,32 @@ var _ = Describe("the test guest", func() {
 		dir := GinkgoT().TempDir()
 		backing := filepath.Join(dir, "golden.raw")
 		p := guestParams(0x3)
-		Expect(framework.CreateBootDisk(ctx, backing, diskSize, p)).To(Succeed())
-		backingHash, err := framework.SHA256(backing)
+		Expect(testenv.CreateBootDisk(ctx, backing, diskSize, p)).To(Succeed())
+		backingHash, err := testenv.SHA256(backing)
 		Expect(err).NotTo(HaveOccurred())
 
 		loopFile := filepath.Join(dir, "overlay.loop")
-		dev, err := framework.CreateLoopFile(ctx, loopFile, 4*mib)
+		dev, err := testenv.CreateLoopFile(ctx, loopFile, 4*mib)
 		framework.Require(err, "loop device")
-		DeferCleanup(framework.DetachLoop, dev, NodeTimeout(time.Minute))
+		DeferCleanup(testenv.DetachLoop, dev, NodeTimeout(time.Minute))
 		Expect(qcow2.Tool{}.CreateOverlay(ctx, dev, backing, qcow2.FormatRaw, qcow2.CreateOptions{})).To(Succeed())
 
 		const name = "overlay-block"
-		disk := framework.WithBackingFile(framework.BlockDisk(dev, "qcow2", "vda"), backing, "raw")
+		disk := testenv.WithBackingFile(testenv.BlockDisk(dev, "qcow2", "vda"), backing, "raw")
 		status := runGuest(ctx, daemon, daemon.NewDomain(name, disk))
 		Expect(status.Written).To(BeEquivalentTo(p.Sectors))
 
 		By("growing the loop device online: QEMU sees the new size")
-		Expect(framework.GrowLoop(ctx, dev, loopFile, 8*mib)).To(Succeed())
-		Expect(framework.DeviceSize(dev)).To(Equal(8 * mib))
+		Expect(testenv.GrowLoop(ctx, dev, loopFile, 8*mib)).To(Succeed())
+		Expect(testenv.DeviceSize(dev)).To(Equal(8 * mib))
 		Eventually(func(ctx context.Context) (string, error) {
 			return daemon.Virsh(ctx, "domblkinfo", name, "vda")
 		}).WithContext(ctx).Should(MatchRegexp(`(?m)^Physical:\s+%d$`, 8*mib))
 
 		Expect(daemon.DestroyAndUndefine(ctx, name)).To(Succeed())
-		Expect(framework.VerifyGuestWrites(ctx, dev, "qcow2", p)).To(Succeed())
-		Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(dev, qcow2.FormatQcow2), "", p)).To(Succeed())
-		Expect(framework.SHA256(backing)).To(Equal(backingHash))
+		Expect(testenv.VerifyGuestWrites(ctx, dev, "qcow2", p)).To(Succeed())
+		Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(dev, qcow2.FormatQcow2), "", p)).To(Succeed())
+		Expect(testenv.SHA256(backing)).To(Equal(backingHash))
 		for _, opts := range []qcow2.InfoOptions{{Format: qcow2.FormatQcow2}, {Format: qcow2.FormatQcow2, NoBacking: true}} {
 			check, err := qcow2.Tool{}.Check(ctx, dev, opts)
 			Expect(err).NotTo(HaveOccurred())
@@ -240,7 +241,7 @@ var _ = Describe("a private libvirtd", func() {
 	It("keeps its mounts to itself, sees host mounts under SharedDir and leaves nothing behind", func(ctx SpecContext) {
 		systemRun, systemRunErr := os.Lstat("/run/libvirt")
 
-		d, err := framework.StartLibvirtd(ctx)
+		d, err := testenv.StartLibvirtd(ctx)
 		framework.Require(err, "second private libvirtd")
 		DeferCleanup(d.Stop, NodeTimeout(time.Minute))
 
@@ -263,17 +264,17 @@ var _ = Describe("a private libvirtd", func() {
 		By("letting QEMU open an image bind-mounted under SharedDir after the start")
 		p := guestParams(0x4)
 		image := filepath.Join(GinkgoT().TempDir(), "disk.raw")
-		Expect(framework.CreateBootDisk(ctx, image, diskSize, p)).To(Succeed())
+		Expect(testenv.CreateBootDisk(ctx, image, diskSize, p)).To(Succeed())
 		target := filepath.Join(d.SharedDir(), "disk.raw")
 		unmount := bindMount(image, target)
 		const name = "shared-mount"
-		runGuest(ctx, d, d.NewDomain(name, framework.FileDisk(target, "raw", "vda")))
+		runGuest(ctx, d, d.NewDomain(name, testenv.FileDisk(target, "raw", "vda")))
 		Expect(d.DestroyAndUndefine(ctx, name)).To(Succeed())
 		Expect(unmount()).To(Succeed())
-		Expect(framework.VerifyGuestWrites(ctx, image, "raw", p)).To(Succeed())
+		Expect(testenv.VerifyGuestWrites(ctx, image, "raw", p)).To(Succeed())
 
 		By("stopping with a domain still running")
-		runGuest(ctx, d, d.NewDomain(name+"-2", framework.FileDisk(image, "raw", "vda")))
+		runGuest(ctx, d, d.NewDomain(name+"-2", testenv.FileDisk(image, "raw", "vda")))
 		Expect(commands(d)).To(ContainElements("libvirtd", "qemu-system-x86"))
 		Expect(d.Stop(ctx)).To(Succeed())
 		Expect(commands(d)).To(BeEmpty(), "nothing runs in the daemon's namespace")
@@ -295,7 +296,7 @@ var coveredPaths = []string{"/etc/libvirt", "/run", "/var/lib/libvirt", "/var/lo
 // hostMountsAt lists the test process's mount points that are one of paths.
 func hostMountsAt(paths ...string) []string {
 	GinkgoHelper()
-	mounts, err := framework.MountPoints()
+	mounts, err := testenv.MountPoints()
 	Expect(err).NotTo(HaveOccurred())
 	var found []string
 	for _, m := range mounts {
@@ -307,7 +308,7 @@ func hostMountsAt(paths ...string) []string {
 }
 
 // commands lists the command names of the processes in d's namespace.
-func commands(d *framework.Libvirtd) []string {
+func commands(d *testenv.Libvirtd) []string {
 	GinkgoHelper()
 	pids, err := d.Processes()
 	Expect(err).NotTo(HaveOccurred())
@@ -324,7 +325,7 @@ func commands(d *framework.Libvirtd) []string {
 // hostMountsIn lists the test process's mount points at or beneath dirs.
 func hostMountsIn(dirs ...string) []string {
 	GinkgoHelper()
-	mounts, err := framework.MountPoints()
+	mounts, err := testenv.MountPoints()
 	Expect(err).NotTo(HaveOccurred())
 	var found []string
 	for _, m := range mounts {

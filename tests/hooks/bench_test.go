@@ -48,7 +48,7 @@ import (
 	archconverter "kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter/arch"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/hooks/overlay/sidecar"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 // BenchmarkOnDefineDomain measures OnDefineDomain as virt-launcher sees it,
@@ -112,7 +112,7 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 func benchBuild(b *testing.B, out, pkg string, env ...string) {
 	b.Helper()
 	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = framework.RepoRoot()
+	cmd.Dir = testenv.RepoRoot()
 	cmd.Env = append(os.Environ(), env...)
 	if output, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("build %s: %v\n%s", pkg, err, output)

@@ -32,12 +32,13 @@ import (
 	"libvirt.org/go/libvirtxml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 // The hook and the overlay patch series must give QEMU the same disk: the
 // hook edits what an unpatched converter makes of a claim, the series
-// converts an overlay volume itself. vmi2domain (tests/framework) runs the
+// converts an overlay volume itself. vmi2domain (internal/testenv) runs the
 // patched tree's converter; for a plain claim that code is upstream's.
 var _ = Describe("the hook's disk compared with the patched converter's", Ordered, func() {
 	const (
@@ -45,12 +46,12 @@ var _ = Describe("the hook's disk compared with the patched converter's", Ordere
 		backingDir = "/var/run/kubevirt-private/overlay-backing/rootdisk"
 		ephemeral  = "/var/run/kubevirt-ephemeral-disks"
 	)
-	var vmi2domain framework.VMI2Domain
+	var vmi2domain testenv.VMI2Domain
 
 	BeforeAll(func(ctx SpecContext) {
-		_, err := os.Stat(filepath.Join(framework.KubeVirtTree(), "pkg", "storage", "overlay", "overlay.go"))
+		_, err := os.Stat(filepath.Join(testenv.KubeVirtTree(), "pkg", "storage", "overlay", "overlay.go"))
 		framework.Require(err, "the patched KubeVirt tree (hack/kubevirt.sh apply)")
-		vmi2domain, err = framework.BuildVMI2Domain(ctx, GinkgoT().TempDir())
+		vmi2domain, err = testenv.BuildVMI2Domain(ctx, GinkgoT().TempDir())
 		Expect(err).ToNot(HaveOccurred())
 	}, NodeTimeout(15*time.Minute))
 
@@ -60,7 +61,7 @@ var _ = Describe("the hook's disk compared with the patched converter's", Ordere
 		Expect(err).ToNot(HaveOccurred())
 		file := filepath.Join(GinkgoT().TempDir(), "vmi.yaml")
 		Expect(os.WriteFile(file, data, 0o644)).To(Succeed())
-		out, _, err := framework.Launcher{Tool: vmi2domain, VMI: file}.Run(ctx, args...)
+		out, _, err := testenv.Launcher{Tool: vmi2domain, VMI: file}.Run(ctx, args...)
 		Expect(err).ToNot(HaveOccurred())
 		return []byte(out)
 	}
@@ -87,8 +88,8 @@ var _ = Describe("the hook's disk compared with the patched converter's", Ordere
 		func(ctx SpecContext, backingFormat string) {
 			p := newPod()
 			raw := filepath.Join(p.dir, "boot.raw")
-			Expect(framework.CreateBootDisk(ctx, raw, 64*mib, guest)).To(Succeed())
-			_, err := framework.QemuImg(ctx, "convert", "-f", "raw", "-O", backingFormat, raw, p.golden)
+			Expect(testenv.CreateBootDisk(ctx, raw, 64*mib, guest)).To(Succeed())
+			_, err := testenv.QemuImg(ctx, "convert", "-f", "raw", "-O", backingFormat, raw, p.golden)
 			Expect(err).ToNot(HaveOccurred())
 
 			By("letting the hook edit the unpatched converter's claim disk")

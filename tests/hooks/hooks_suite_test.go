@@ -36,6 +36,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -70,7 +71,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 func build(ctx context.Context, out, pkg string, env ...string) {
 	GinkgoHelper()
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
-	cmd.Dir = framework.RepoRoot()
+	cmd.Dir = testenv.RepoRoot()
 	cmd.Env = append(os.Environ(), env...)
 	output, err := cmd.CombinedOutput()
 	Expect(err).ToNot(HaveOccurred(), string(output))

@@ -38,6 +38,7 @@ import (
 	"kubevirt.io/kubevirt/pkg/hooks"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/hooks/overlay/sidecar"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
@@ -45,10 +46,10 @@ import (
 const mib = 1 << 20
 
 // guest is what the test guest writes through the overlay: 1 MiB.
-var guest = framework.GuestParams{StartLBA: 1, Sectors: 2048, Seed: 7}
+var guest = testenv.GuestParams{StartLBA: 1, Sectors: 2048, Seed: 7}
 
 var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, func() {
-	var lv *framework.Libvirtd
+	var lv *testenv.Libvirtd
 
 	BeforeAll(func(ctx SpecContext) {
 		lv = framework.StartSuiteLibvirtd(ctx)
@@ -63,9 +64,9 @@ var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, 
 
 	BeforeEach(func(ctx SpecContext) {
 		p = newPod()
-		Expect(framework.CreateBootDisk(ctx, p.golden, 64*mib, guest)).To(Succeed())
+		Expect(testenv.CreateBootDisk(ctx, p.golden, 64*mib, guest)).To(Succeed())
 		var err error
-		goldenSum, err = framework.SHA256(p.golden)
+		goldenSum, err = testenv.SHA256(p.golden)
 		Expect(err).ToNot(HaveOccurred())
 		domains++
 		name = fmt.Sprintf("hook-guest-%d", domains)
@@ -98,7 +99,7 @@ var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, 
 	// domain is the domain virt-launcher would define without the hook.
 	domain := func() []byte {
 		GinkgoHelper()
-		disk := framework.FileDisk(p.golden, "raw", "vda")
+		disk := testenv.FileDisk(p.golden, "raw", "vda")
 		disk.Alias = &libvirtxml.DomainAlias{Name: "ua-rootdisk"}
 		dom := lv.NewDomain(name, disk)
 		dom.VCPU.Placement = "static"
@@ -134,10 +135,10 @@ var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, 
 
 	expectGoldenUntouched := func(ctx context.Context) {
 		GinkgoHelper()
-		sum, err := framework.SHA256(p.golden)
+		sum, err := testenv.SHA256(p.golden)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(sum).To(Equal(goldenSum))
-		Expect(framework.VerifyGuestWrites(ctx, p.golden, "raw", guest)).ToNot(Succeed(), "the guest's writes are not in the golden image")
+		Expect(testenv.VerifyGuestWrites(ctx, p.golden, "raw", guest)).ToNot(Succeed(), "the guest's writes are not in the golden image")
 	}
 
 	Context("with a persistent overlay", func() {
@@ -162,7 +163,7 @@ var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, 
 			Expect(rootDisk(again)).To(Equal(disk))
 
 			boot(ctx, out)
-			Expect(framework.VerifyGuestWrites(ctx, overlay, "qcow2", guest)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, overlay, "qcow2", guest)).To(Succeed())
 			expectGoldenUntouched(ctx)
 			Expect(lv.DestroyAndUndefine(ctx, name)).To(Succeed())
 
@@ -173,7 +174,7 @@ var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, 
 			reused, err := os.Stat(overlay)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(os.SameFile(created, reused)).To(BeTrue())
-			Expect(framework.VerifyGuestWrites(ctx, overlay, "qcow2", guest)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, overlay, "qcow2", guest)).To(Succeed())
 			boot(ctx, out2)
 			Expect(lv.DestroyAndUndefine(ctx, name)).To(Succeed())
 			check, err := qcow2.Tool{}.Check(ctx, overlay, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
@@ -228,7 +229,7 @@ var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, 
 			Expect(rootDisk(out).Source.File.File).To(Equal(overlay))
 
 			boot(ctx, out)
-			Expect(framework.VerifyGuestWrites(ctx, overlay, "qcow2", guest)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, overlay, "qcow2", guest)).To(Succeed())
 			expectGoldenUntouched(ctx)
 			Expect(lv.DestroyAndUndefine(ctx, name)).To(Succeed())
 
@@ -291,7 +292,7 @@ var _ = Describe("the overlay hook driven by KubeVirt's hook manager", Ordered, 
 		Expect(disk.Source.File.File).To(Equal(filepath.Join(p.store, "tests", name, "rootdisk.qcow2")))
 		Expect(disk.BackingStore.Source.File.File).To(Equal(p.golden))
 		boot(ctx, out)
-		Expect(framework.VerifyGuestWrites(ctx, disk.Source.File.File, "qcow2", guest)).To(Succeed())
+		Expect(testenv.VerifyGuestWrites(ctx, disk.Source.File.File, "qcow2", guest)).To(Succeed())
 		expectGoldenUntouched(ctx)
 
 		By("failing the call when the hook fails")

@@ -30,7 +30,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -138,7 +138,7 @@ func peerPid(socket string) (int, error) {
 		return 0, err
 	}
 	defer conn.Close()
-	return framework.PeerPID(conn.(*net.UnixConn))
+	return testenv.PeerPID(conn.(*net.UnixConn))
 }
 
 // Running tells whether the program still runs.

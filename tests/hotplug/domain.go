@@ -27,21 +27,21 @@ import (
 
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 // bootGuest keeps the guest's own writes short: it only has to be running.
-var bootGuest = framework.GuestParams{StartLBA: 1, Sectors: 8, Seed: 3}
+var bootGuest = testenv.GuestParams{StartLBA: 1, Sectors: 8, Seed: 3}
 
 // StartDomain starts a domain running the framework's BIOS guest with a
 // virtio-scsi controller, as KubeVirt gives every VMI for hotplug, and
 // waits until the guest has booted.
-func StartDomain(ctx context.Context, lv *framework.Libvirtd, dir, name string) error {
+func StartDomain(ctx context.Context, lv *testenv.Libvirtd, dir, name string) error {
 	boot := filepath.Join(dir, name+"-boot.raw")
-	if err := framework.CreateBootDisk(ctx, boot, 16<<20, bootGuest); err != nil {
+	if err := testenv.CreateBootDisk(ctx, boot, 16<<20, bootGuest); err != nil {
 		return err
 	}
-	dom := lv.NewDomain(name, framework.FileDisk(boot, "raw", "vda"))
+	dom := lv.NewDomain(name, testenv.FileDisk(boot, "raw", "vda"))
 	index := uint(0)
 	dom.Devices.Controllers = append(dom.Devices.Controllers, libvirtxml.DomainController{
 		Type: "scsi", Index: &index, Model: "virtio-scsi",
@@ -61,17 +61,17 @@ func StartDomain(ctx context.Context, lv *framework.Libvirtd, dir, name string) 
 
 // Attach hot-attaches a disk with the flags virt-launcher uses (live and
 // config).
-func Attach(ctx context.Context, lv *framework.Libvirtd, domain, diskXML string) error {
+func Attach(ctx context.Context, lv *testenv.Libvirtd, domain, diskXML string) error {
 	return deviceCommand(ctx, lv, "attach-device", domain, diskXML)
 }
 
 // Detach hot-detaches a disk as virt-launcher does once its volume left
 // the spec.
-func Detach(ctx context.Context, lv *framework.Libvirtd, domain, diskXML string) error {
+func Detach(ctx context.Context, lv *testenv.Libvirtd, domain, diskXML string) error {
 	return deviceCommand(ctx, lv, "detach-device", domain, diskXML)
 }
 
-func deviceCommand(ctx context.Context, lv *framework.Libvirtd, command, domain, diskXML string) error {
+func deviceCommand(ctx context.Context, lv *testenv.Libvirtd, command, domain, diskXML string) error {
 	f, err := os.CreateTemp("", "disk-*.xml")
 	if err != nil {
 		return err
@@ -89,7 +89,7 @@ func deviceCommand(ctx context.Context, lv *framework.Libvirtd, command, domain,
 }
 
 // DomainDisks returns the disks of the running domain as libvirt has them.
-func DomainDisks(ctx context.Context, lv *framework.Libvirtd, domain string) ([]libvirtxml.DomainDisk, error) {
+func DomainDisks(ctx context.Context, lv *testenv.Libvirtd, domain string) ([]libvirtxml.DomainDisk, error) {
 	out, err := lv.Virsh(ctx, "dumpxml", domain)
 	if err != nil {
 		return nil, err
@@ -117,7 +117,7 @@ type QEMUDisk struct {
 }
 
 // QueryDevice returns the disk device whose qdev id is device.
-func QueryDevice(ctx context.Context, lv *framework.Libvirtd, domain, device string) (QEMUDisk, error) {
+func QueryDevice(ctx context.Context, lv *testenv.Libvirtd, domain, device string) (QEMUDisk, error) {
 	out, err := lv.QMP(ctx, domain, "query-block", nil)
 	if err != nil {
 		return QEMUDisk{}, err
@@ -138,7 +138,7 @@ func QueryDevice(ctx context.Context, lv *framework.Libvirtd, domain, device str
 // a raw image: QEMU exports the device's block node read-only over NBD on a
 // socket in dir (which must be visible to it) and qemu-img compares the
 // export with want.
-func CompareDeviceContent(ctx context.Context, lv *framework.Libvirtd, domain, device, dir, want string) error {
+func CompareDeviceContent(ctx context.Context, lv *testenv.Libvirtd, domain, device, dir, want string) error {
 	d, err := QueryDevice(ctx, lv, domain, device)
 	if err != nil {
 		return err
@@ -156,6 +156,6 @@ func CompareDeviceContent(ctx context.Context, lv *framework.Libvirtd, domain, d
 		return err
 	}
 	defer lv.QMP(context.WithoutCancel(ctx), domain, "block-export-del", map[string]any{"id": "compare"}) //nolint:errcheck // cleanup of the comparison; the result is already taken
-	_, err = framework.QemuImg(ctx, "compare", "-f", "raw", "-F", "raw", fmt.Sprintf("nbd+unix:///%s?socket=%s", device, socket), want)
+	_, err = testenv.QemuImg(ctx, "compare", "-f", "raw", "-F", "raw", fmt.Sprintf("nbd+unix:///%s?socket=%s", device, socket), want)
 	return err
 }

@@ -32,6 +32,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/hotplug"
 )
@@ -48,7 +49,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		framework.Require(os.ErrPermission, "root (mounts, namespaces, libvirtd)")
 	}
 	// make keeps the program current when its C sources changed.
-	out, err := exec.CommandContext(ctx, "make", "-C", framework.RepoRoot(), "_out/bin/container-disk").CombinedOutput()
+	out, err := exec.CommandContext(ctx, "make", "-C", testenv.RepoRoot(), "_out/bin/container-disk").CombinedOutput()
 	framework.Require(err, "the container-disk build (make): "+string(out))
 
 	dir, err := os.MkdirTemp("", "hotplug-tools-")

@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sys/unix"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/hotplug"
 )
@@ -48,7 +49,7 @@ const (
 
 var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 	var (
-		lv   *framework.Libvirtd
+		lv   *testenv.Libvirtd
 		node *hotplug.Node
 		pods int
 	)
@@ -58,7 +59,7 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 
 		root := tempDir()
 		var err error
-		node, err = hotplug.NewNode(tools, framework.Binary("container-disk"), root, lv.SharedDir())
+		node, err = hotplug.NewNode(tools, testenv.Binary("container-disk"), root, lv.SharedDir())
 		Expect(err).ToNot(HaveOccurred())
 		DeferCleanup(node.Close)
 		DeferCleanup(func() { Expect(removeUnmounted(filepath.Dir(node.KubeletPods))).To(Succeed()) })
@@ -92,7 +93,7 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 	// mount record, an empty hotplug-disks directory, no disk in the domain.
 	expectNothingLeft := func(ctx context.Context) {
 		GinkgoHelper()
-		Expect(mountsUnder(framework.MountPoints, node.KubeletPods)).To(BeEmpty())
+		Expect(mountsUnder(testenv.MountPoints, node.KubeletPods)).To(BeEmpty())
 		Expect(mountsUnder(lv.Mounts, node.KubeletPods)).To(BeEmpty())
 		Expect(os.ReadDir(node.StateDir)).To(BeEmpty(), "mount records")
 		Expect(os.ReadDir(node.LauncherHotplugDir())).To(BeEmpty())
@@ -142,7 +143,7 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 
 			Expect(r.DeviceRules).To(BeEmpty(), "an image is never a device")
 			target := filepath.Join(node.LauncherHotplugDir(), volume+".img")
-			for _, mounts := range []func() ([]framework.Mount, error){framework.MountPoints, lv.Mounts} {
+			for _, mounts := range []func() ([]testenv.Mount, error){testenv.MountPoints, lv.Mounts} {
 				m := mountsUnder(mounts, node.KubeletPods)
 				Expect(m).To(HaveLen(1))
 				Expect(m[0].MountPoint).To(Equal(target))
@@ -320,7 +321,7 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 			for _, w := range want {
 				Expect(err.Error()).To(ContainSubstring(w))
 			}
-			Expect(mountsUnder(framework.MountPoints, node.KubeletPods)).To(BeEmpty())
+			Expect(mountsUnder(testenv.MountPoints, node.KubeletPods)).To(BeEmpty())
 			Expect(os.ReadDir(node.StateDir)).To(BeEmpty(), "no mount record")
 			Expect(os.ReadDir(node.LauncherHotplugDir())).To(BeEmpty())
 		},
@@ -374,7 +375,7 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 			outcomes[err == nil]++
 			if err != nil {
 				Expect(err.Error()).To(ContainSubstring("volume " + volume))
-				Expect(mountsUnder(framework.MountPoints, node.KubeletPods)).To(BeEmpty())
+				Expect(mountsUnder(testenv.MountPoints, node.KubeletPods)).To(BeEmpty())
 			}
 			_, err = node.Unmount(ctx, hotplug.VMI(hotplugPhaseAttached), false)
 			Expect(err).ToNot(HaveOccurred())
@@ -404,7 +405,7 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 		DeferCleanup(teardown)
 		_, err := node.Mount(ctx, hotplug.VMI(hotplugPhaseAttached, hotplug.Volume{Name: volume, AttachPodUID: pod}))
 		Expect(err).ToNot(HaveOccurred())
-		for _, mounts := range []func() ([]framework.Mount, error){framework.MountPoints, lv.Mounts} {
+		for _, mounts := range []func() ([]testenv.Mount, error){testenv.MountPoints, lv.Mounts} {
 			m := mountsUnder(mounts, node.KubeletPods)
 			Expect(m).To(HaveLen(1))
 			Expect(strings.Split(m[0].Options, ",")).To(ContainElement("ro"))
@@ -464,11 +465,11 @@ func checksum(path string) uint32 {
 }
 
 // mountsUnder lists the mounts at or beneath dir.
-func mountsUnder(list func() ([]framework.Mount, error), dir string) []framework.Mount {
+func mountsUnder(list func() ([]testenv.Mount, error), dir string) []testenv.Mount {
 	GinkgoHelper()
 	mounts, err := list()
 	Expect(err).ToNot(HaveOccurred())
-	var under []framework.Mount
+	var under []testenv.Mount
 	for _, m := range mounts {
 		if m.MountPoint == dir || strings.HasPrefix(m.MountPoint, dir+"/") {
 			under = append(under, m)
@@ -490,7 +491,7 @@ func tempDir() string {
 // removeUnmounted removes dir, refusing while anything is mounted beneath
 // it: removing would reach into what is mounted.
 func removeUnmounted(dir string) error {
-	mounts, err := framework.MountPoints()
+	mounts, err := testenv.MountPoints()
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 // Tools are the binaries built inside the patched tree.
@@ -58,16 +58,16 @@ type Tools struct {
 // patched KubeVirt tree into dir. cdhotplug and virt-chroot run in a chroot
 // with nothing else in it, so they are linked statically (no cgo).
 func BuildTools(ctx context.Context, dir string) (Tools, error) {
-	tree := framework.KubeVirtTree()
+	tree := testenv.KubeVirtTree()
 	if old, set := os.LookupEnv("CGO_ENABLED"); set {
 		defer os.Setenv("CGO_ENABLED", old)
 	} else {
 		defer os.Unsetenv("CGO_ENABLED")
 	}
 	os.Setenv("CGO_ENABLED", "0")
-	err := framework.BuildInKubeVirtTree(ctx, map[string]string{
-		"cmd/cdhotplug":  filepath.Join(framework.RepoRoot(), "tests", "hotplug", "testdata", "cdhotplug", "main.go"),
-		"cmd/cdvalidate": filepath.Join(framework.RepoRoot(), "tests", "hotplug", "testdata", "cdvalidate", "main.go"),
+	err := testenv.BuildInKubeVirtTree(ctx, map[string]string{
+		"cmd/cdhotplug":  filepath.Join(testenv.RepoRoot(), "tests", "hotplug", "testdata", "cdhotplug", "main.go"),
+		"cmd/cdvalidate": filepath.Join(testenv.RepoRoot(), "tests", "hotplug", "testdata", "cdvalidate", "main.go"),
 		// The tree's own main.go: the overlay replaces it with itself.
 		"cmd/virt-chroot": filepath.Join(tree, "cmd", "virt-chroot", "main.go"),
 	}, dir)
@@ -84,7 +84,7 @@ func BuildTools(ctx context.Context, dir string) (Tools, error) {
 // TreeHasHotplug tells whether the KubeVirt tree has the containerDisk
 // hotplug patches.
 func TreeHasHotplug() error {
-	_, err := os.Stat(filepath.Join(framework.KubeVirtTree(), "pkg", "virt-handler", "hotplug-disk", "containerdisk.go"))
+	_, err := os.Stat(filepath.Join(testenv.KubeVirtTree(), "pkg", "virt-handler", "hotplug-disk", "containerdisk.go"))
 	return err
 }
 
@@ -275,10 +275,10 @@ func NewImageLayer(ctx context.Context, dir string, kind ImageKind) (*ImageLayer
 	case RawFile:
 		return l, copyFile(raw, l.Image)
 	case QCOW2File:
-		_, err := framework.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", raw, l.Image)
+		_, err := testenv.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", raw, l.Image)
 		return l, err
 	case BlockDevice:
-		dev, err := framework.AttachLoop(ctx, raw)
+		dev, err := testenv.AttachLoop(ctx, raw)
 		if err != nil {
 			return nil, err
 		}
@@ -303,7 +303,7 @@ func (l *ImageLayer) Close(ctx context.Context) error {
 	if err := os.Remove(l.Image); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	return framework.DetachLoop(ctx, l.Device)
+	return testenv.DetachLoop(ctx, l.Device)
 }
 
 // Volume is a hotplugged containerDisk of the VMI.

@@ -31,6 +31,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -40,15 +41,15 @@ func TestOverlay(t *testing.T) {
 }
 
 // vmi2domain is the tool built inside the patched tree for the suite.
-var vmi2domain framework.VMI2Domain
+var vmi2domain testenv.VMI2Domain
 
 var _ = BeforeSuite(func(ctx SpecContext) {
-	_, err := os.Stat(filepath.Join(framework.KubeVirtTree(), "pkg", "storage", "overlay", "overlay.go"))
+	_, err := os.Stat(filepath.Join(testenv.KubeVirtTree(), "pkg", "storage", "overlay", "overlay.go"))
 	framework.Require(err, "the patched KubeVirt tree (hack/kubevirt.sh apply)")
 
 	dir, err := os.MkdirTemp("", "overlay-vmi2domain-")
 	Expect(err).ToNot(HaveOccurred())
 	DeferCleanup(os.RemoveAll, dir)
-	vmi2domain, err = framework.BuildVMI2Domain(ctx, dir)
+	vmi2domain, err = testenv.BuildVMI2Domain(ctx, dir)
 	Expect(err).ToNot(HaveOccurred())
 }, NodeTimeout(15*time.Minute))

@@ -29,6 +29,7 @@ import (
 	. "github.com/onsi/gomega"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
@@ -45,18 +46,18 @@ const (
 var (
 	// firstBoot and secondBoot write different regions with different
 	// patterns: both must be in a persistent overlay after the second.
-	firstBoot  = framework.GuestParams{StartLBA: 1, Sectors: 2048, Seed: 7}
-	secondBoot = framework.GuestParams{StartLBA: 8192, Sectors: 2048, Seed: 11}
+	firstBoot  = testenv.GuestParams{StartLBA: 1, Sectors: 2048, Seed: 7}
+	secondBoot = testenv.GuestParams{StartLBA: 8192, Sectors: 2048, Seed: 11}
 )
 
 // Paths of the virt-launcher compute container, as the converter and the
 // overlay creator name them (pkg/storage/overlay of the patched tree).
 var (
-	backingDevice  = framework.OverlayBackingDevice(volume)
-	targetDevice   = framework.OverlayTargetDevice(volume)
-	backingImage   = framework.OverlayBackingImage(volume)
-	targetImage    = framework.OverlayTargetDir(volume) + "/disk.qcow2"
-	ephemeralImage = framework.OverlayEphemeralImage(volume)
+	backingDevice  = testenv.OverlayBackingDevice(volume)
+	targetDevice   = testenv.OverlayTargetDevice(volume)
+	backingImage   = testenv.OverlayBackingImage(volume)
+	targetImage    = testenv.OverlayTargetDir(volume) + "/disk.qcow2"
+	ephemeralImage = testenv.OverlayEphemeralImage(volume)
 )
 
 const backingRecorded = "sampled-sha256"
@@ -81,7 +82,7 @@ const (
 // container's directories under a temporary root, and loop devices for
 // Block mode claims. The tool finds every container path through its maps.
 type pod struct {
-	framework.Launcher
+	testenv.Launcher
 
 	backing       string // where the backing is on the host
 	backingFormat string
@@ -93,19 +94,19 @@ func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
 	GinkgoHelper()
 	root := GinkgoT().TempDir()
 	p := &pod{
-		Launcher: framework.Launcher{
+		Launcher: testenv.Launcher{
 			Tool: vmi2domain,
 			VMI:  filepath.Join(root, "vmi.yaml"),
 			Maps: map[string]string{
-				framework.LauncherPrivateDir:   filepath.Join(root, "private"),
-				framework.LauncherEphemeralDir: filepath.Join(root, "ephemeral"),
+				testenv.LauncherPrivateDir:   filepath.Join(root, "private"),
+				testenv.LauncherEphemeralDir: filepath.Join(root, "ephemeral"),
 			},
 		},
 		backingFormat: "raw",
 	}
 
 	golden := filepath.Join(root, "golden.raw")
-	Expect(framework.CreateBootDisk(ctx, golden, backingSize, firstBoot)).To(Succeed())
+	Expect(testenv.CreateBootDisk(ctx, golden, backingSize, firstBoot)).To(Succeed())
 	switch backing {
 	case rawFile:
 		p.backing = p.Host(backingImage)
@@ -115,12 +116,12 @@ func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
 		p.backing = p.Host(backingImage)
 		p.backingFormat = "qcow2"
 		Expect(os.MkdirAll(filepath.Dir(p.backing), 0o755)).To(Succeed())
-		_, err := framework.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", golden, p.backing)
+		_, err := testenv.QemuImg(ctx, "convert", "-f", "raw", "-O", "qcow2", golden, p.backing)
 		Expect(err).ToNot(HaveOccurred())
 	case rawDevice:
-		dev, err := framework.AttachLoop(ctx, golden)
+		dev, err := testenv.AttachLoop(ctx, golden)
 		framework.Require(err, "a loop device")
-		DeferCleanup(func(ctx SpecContext) { Expect(framework.DetachLoop(ctx, dev)).To(Succeed()) })
+		DeferCleanup(func(ctx SpecContext) { Expect(testenv.DetachLoop(ctx, dev)).To(Succeed()) })
 		p.Maps[backingDevice] = dev
 		p.backing = dev
 	}
@@ -135,15 +136,15 @@ func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
 		Expect(os.MkdirAll(filepath.Dir(p.target), 0o755)).To(Succeed())
 	case deviceTarget:
 		overlay = append(overlay, "persistent: true", "targetPVC: {claimName: delta}")
-		dev, err := framework.CreateLoopFile(ctx, filepath.Join(root, "target.img"), targetSize)
+		dev, err := testenv.CreateLoopFile(ctx, filepath.Join(root, "target.img"), targetSize)
 		framework.Require(err, "a loop device")
-		DeferCleanup(func(ctx SpecContext) { Expect(framework.DetachLoop(ctx, dev)).To(Succeed()) })
+		DeferCleanup(func(ctx SpecContext) { Expect(testenv.DetachLoop(ctx, dev)).To(Succeed()) })
 		p.Maps[targetDevice] = dev
 		p.target = dev
 		p.targetIsBlock = true
 	}
 
-	Expect(os.WriteFile(p.VMI, []byte(framework.OverlayVMI("overlay-guest", "tests", volume, overlay...)), 0o644)).To(Succeed())
+	Expect(os.WriteFile(p.VMI, []byte(testenv.OverlayVMI("overlay-guest", "tests", volume, overlay...)), 0o644)).To(Succeed())
 	return p
 }
 
@@ -158,7 +159,7 @@ func (p *pod) overlayDisk(ctx context.Context) libvirtxml.DomainDisk {
 }
 
 var _ = Describe("overlay volumes booted from the patched converter's domain", Ordered, func() {
-	var lv *framework.Libvirtd
+	var lv *testenv.Libvirtd
 
 	BeforeAll(func(ctx SpecContext) {
 		lv = framework.StartSuiteLibvirtd(ctx)
@@ -183,7 +184,7 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 
 	backingSum := func(p *pod) string {
 		GinkgoHelper()
-		sum, err := framework.SHA256(p.backing)
+		sum, err := testenv.SHA256(p.backing)
 		Expect(err).ToNot(HaveOccurred())
 		return sum
 	}
@@ -207,7 +208,7 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 
 			boot(ctx, disk)
 
-			Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(p.target, qcow2.FormatQcow2), "", firstBoot)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(p.target, qcow2.FormatQcow2), "", firstBoot)).To(Succeed())
 			Expect(backingSum(p)).To(Equal(before))
 
 			Expect(p.Cleanup(ctx)).To(Succeed())
@@ -234,7 +235,7 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 				Expect(disk.Source.File.File).To(Equal(p.target))
 			}
 			boot(ctx, disk)
-			Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(p.target, qcow2.FormatQcow2), "", firstBoot)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(p.target, qcow2.FormatQcow2), "", firstBoot)).To(Succeed())
 
 			// The teardown step leaves a persistent overlay alone.
 			Expect(p.Cleanup(ctx)).To(Succeed())
@@ -243,11 +244,11 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 			}
 
 			// The next boot writes elsewhere: its guest goes into the overlay.
-			Expect(framework.WriteBootSector(ctx, framework.OverlayOver(p.target, p.backing, p.backingFormat), "", secondBoot)).To(Succeed())
+			Expect(testenv.WriteBootSector(ctx, testenv.OverlayOver(p.target, p.backing, p.backingFormat), "", secondBoot)).To(Succeed())
 			boot(ctx, p.overlayDisk(ctx))
 
-			Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(p.target, qcow2.FormatQcow2), "", firstBoot)).To(Succeed())
-			Expect(framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(p.target, qcow2.FormatQcow2), "", secondBoot)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(p.target, qcow2.FormatQcow2), "", firstBoot)).To(Succeed())
+			Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(p.target, qcow2.FormatQcow2), "", secondBoot)).To(Succeed())
 			Expect(backingSum(p)).To(Equal(before))
 		},
 		Entry("in a file target", fileTarget, SpecTimeout(4*time.Minute)),
@@ -258,18 +259,18 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 		func(ctx SpecContext, target targetKind, overlayPath string) {
 			p := newPod(ctx, rawFile, target)
 			p.overlayDisk(ctx)
-			overlayBefore, err := framework.SHA256(p.target)
+			overlayBefore, err := testenv.SHA256(p.target)
 			Expect(err).ToNot(HaveOccurred())
 
 			// Another image with the same size: a rewritten boot sector.
-			Expect(framework.WriteBootSector(ctx, p.backing, "raw", secondBoot)).To(Succeed())
+			Expect(testenv.WriteBootSector(ctx, p.backing, "raw", secondBoot)).To(Succeed())
 
 			_, stderr, err := p.Run(ctx, "-prepare")
 			Expect(err).To(HaveOccurred())
 			Expect(stderr).To(ContainSubstring("overlay volume " + volume + ": refusing to start: the backing image of overlay " + overlayPath + " changed since the overlay was created"))
 			Expect(stderr).To(ContainSubstring(fmt.Sprintf("size %d, %s", backingSize, backingRecorded)))
 
-			overlayAfter, err := framework.SHA256(p.target)
+			overlayAfter, err := testenv.SHA256(p.target)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(overlayAfter).To(Equal(overlayBefore), "a refused overlay is left as it was")
 		},

@@ -44,6 +44,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/apiserver"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -79,7 +81,7 @@ var client dynamic.Interface
 
 var _ = BeforeSuite(func() {
 	ctrllog.SetLogger(GinkgoLogr)
-	tree := framework.KubeVirtTree()
+	tree := testenv.KubeVirtTree()
 	_, err := os.Stat(filepath.Join(tree, "pkg", "storage", "admitters", "overlay.go"))
 	framework.Require(err, "the patched KubeVirt tree (hack/kubevirt.sh apply)")
 
@@ -89,7 +91,7 @@ var _ = BeforeSuite(func() {
 	crdDir := filepath.Join(work, "crds")
 	run(filepath.Join(bin, "crds"), "--out", crdDir)
 
-	server, err := framework.StartAPIServer(crdDir)
+	server, err := apiserver.Start(crdDir)
 	framework.Require(err, "kube-apiserver and etcd")
 	DeferCleanup(server.Stop)
 
@@ -137,7 +139,7 @@ func buildTools(work string) string {
 		tools[toolsPackage+"/"+tool] = source
 	}
 	bin := filepath.Join(work, "bin")
-	Expect(framework.BuildInKubeVirtTree(context.Background(), tools, bin)).To(Succeed())
+	Expect(testenv.BuildInKubeVirtTree(context.Background(), tools, bin)).To(Succeed())
 	return bin + string(filepath.Separator)
 }
 
@@ -199,7 +201,7 @@ var hostPathPrefixes = []string{"/var/lib", "/var/run"}
 // createKubeVirt creates the KubeVirt CR the webhook's cluster configuration
 // follows, deployed, with the OverlayVolumes and HostDisk gates enabled and
 // hostPathPrefixes allowed.
-func createKubeVirt(server *framework.APIServer) {
+func createKubeVirt(server *apiserver.Server) {
 	ctx := context.Background()
 	core, err := kubernetes.NewForConfig(server.Config)
 	Expect(err).ToNot(HaveOccurred())

@@ -28,7 +28,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 const (
@@ -43,7 +43,7 @@ var _ = Describe("hack/kubevirt.sh", Ordered, func() {
 	var tree, patches, out string
 
 	run := func(args ...string) (string, error) {
-		cmd := exec.Command(filepath.Join(framework.RepoRoot(), "hack", "kubevirt.sh"), args...)
+		cmd := exec.Command(filepath.Join(testenv.RepoRoot(), "hack", "kubevirt.sh"), args...)
 		cmd.Env = append(os.Environ(), "KUBEVIRT_TREE="+tree, "KUBEVIRT_PATCHES="+patches, "KUBEVIRT_OUT="+out)
 		var output bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &output, &output

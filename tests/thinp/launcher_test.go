@@ -34,6 +34,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
@@ -95,7 +96,7 @@ var _ = Describe("The patched virt-launcher's thin provisioned overlay on a loop
 	)
 	var (
 		tools      string
-		launcher   framework.Launcher
+		launcher   testenv.Launcher
 		thinVMI    string
 		dev        string
 		loopFile   string
@@ -103,40 +104,40 @@ var _ = Describe("The patched virt-launcher's thin provisioned overlay on a loop
 		backingSum string
 	)
 	// The guest writes 24 MiB, six times the device it starts on.
-	writer := framework.GuestParams{StartLBA: 1, Sectors: uint32(24 * mib / framework.SectorSize), ProgressEvery: 64, Seed: 0x1a7c}
+	writer := testenv.GuestParams{StartLBA: 1, Sectors: uint32(24 * mib / testenv.SectorSize), ProgressEvery: 64, Seed: 0x1a7c}
 
 	BeforeAll(func(ctx SpecContext) {
-		_, err := os.Stat(filepath.Join(framework.KubeVirtTree(), "pkg", "virt-launcher", "virtwrap", "thinprovisioning", "monitor.go"))
+		_, err := os.Stat(filepath.Join(testenv.KubeVirtTree(), "pkg", "virt-launcher", "virtwrap", "thinprovisioning", "monitor.go"))
 		framework.Require(err, "the patched KubeVirt tree with thin provisioning (hack/kubevirt.sh apply)")
 		tools = GinkgoT().TempDir()
-		Expect(framework.BuildInKubeVirtTree(ctx, map[string]string{
-			"cmd/vmi2domain":  filepath.Join(framework.RepoRoot(), "tests", "framework", "testdata", "vmi2domain", "main.go"),
-			"cmd/thinmonitor": filepath.Join(framework.RepoRoot(), "tests", "thinp", "testdata", "thinmonitor", "main.go"),
+		Expect(testenv.BuildInKubeVirtTree(ctx, map[string]string{
+			"cmd/vmi2domain":  filepath.Join(testenv.RepoRoot(), "tests", "framework", "testdata", "vmi2domain", "main.go"),
+			"cmd/thinmonitor": filepath.Join(testenv.RepoRoot(), "tests", "thinp", "testdata", "thinmonitor", "main.go"),
 		}, tools)).To(Succeed())
 
 		root := GinkgoT().TempDir()
-		launcher = framework.Launcher{
-			Tool: framework.VMI2Domain(filepath.Join(tools, "vmi2domain")),
-			Maps: map[string]string{framework.LauncherPrivateDir: filepath.Join(root, "private")},
+		launcher = testenv.Launcher{
+			Tool: testenv.VMI2Domain(filepath.Join(tools, "vmi2domain")),
+			Maps: map[string]string{testenv.LauncherPrivateDir: filepath.Join(root, "private")},
 		}
-		backing = launcher.Host(framework.OverlayBackingImage(volume))
+		backing = launcher.Host(testenv.OverlayBackingImage(volume))
 		Expect(os.MkdirAll(filepath.Dir(backing), 0o755)).To(Succeed())
-		Expect(framework.CreateBootDisk(ctx, backing, virtualSize, writer)).To(Succeed())
-		backingSum, err = framework.SHA256(backing)
+		Expect(testenv.CreateBootDisk(ctx, backing, virtualSize, writer)).To(Succeed())
+		backingSum, err = testenv.SHA256(backing)
 		Expect(err).ToNot(HaveOccurred())
 
 		loopFile = filepath.Join(root, "target.img")
-		dev, err = framework.CreateLoopFile(ctx, loopFile, deviceSize)
+		dev, err = testenv.CreateLoopFile(ctx, loopFile, deviceSize)
 		framework.Require(err, "a loop device")
-		DeferCleanup(func(ctx SpecContext) { Expect(framework.DetachLoop(ctx, dev)).To(Succeed()) })
-		launcher.Maps[framework.OverlayTargetDevice(volume)] = dev
+		DeferCleanup(func(ctx SpecContext) { Expect(testenv.DetachLoop(ctx, dev)).To(Succeed()) })
+		launcher.Maps[testenv.OverlayTargetDevice(volume)] = dev
 
 		overlay := []string{"backingPVC: {claimName: golden}", "backingFormat: raw", "persistent: true", "targetPVC: {claimName: delta}"}
 		thinVMI = filepath.Join(root, "thin.yaml")
 		thick := filepath.Join(root, "thick.yaml")
-		Expect(os.WriteFile(thinVMI, []byte(framework.OverlayVMI("thin-guest", "tests", volume,
+		Expect(os.WriteFile(thinVMI, []byte(testenv.OverlayVMI("thin-guest", "tests", volume,
 			append(overlay, "thinProvisioning: {chunkSize: 4Mi, freeThreshold: 2Mi}")...)), 0o644)).To(Succeed())
-		Expect(os.WriteFile(thick, []byte(framework.OverlayVMI("thin-guest", "tests", volume, overlay...)), 0o644)).To(Succeed())
+		Expect(os.WriteFile(thick, []byte(testenv.OverlayVMI("thin-guest", "tests", volume, overlay...)), 0o644)).To(Succeed())
 		launcher.VMI = thick
 	}, NodeTimeout(15*time.Minute))
 
@@ -144,8 +145,8 @@ var _ = Describe("The patched virt-launcher's thin provisioned overlay on a loop
 		_, stderr, err := launcher.Run(ctx, "-prepare")
 		Expect(err).To(HaveOccurred())
 		Expect(stderr).To(MatchRegexp(`overlay volume %s: .*target device %s of %d bytes cannot hold the overlay of a %d byte backing written in full \(\d+ bytes\)`,
-			volume, framework.OverlayTargetDevice(volume), deviceSize, virtualSize))
-		head, err := framework.ReadSectors(ctx, dev, "raw", 0, 128)
+			volume, testenv.OverlayTargetDevice(volume), deviceSize, virtualSize))
+		head, err := testenv.ReadSectors(ctx, dev, "raw", 0, 128)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(head).To(HaveEach(byte(0)))
 	}, SpecTimeout(2*time.Minute))
@@ -154,10 +155,10 @@ var _ = Describe("The patched virt-launcher's thin provisioned overlay on a loop
 		launcher.VMI = thinVMI
 		_, err := launcher.Prepare(ctx)
 		Expect(err).ToNot(HaveOccurred())
-		Expect(framework.DeviceSize(dev)).To(Equal(deviceSize))
+		Expect(testenv.DeviceSize(dev)).To(Equal(deviceSize))
 		record, err := headerRecord(dev)
 		Expect(err).ToNot(HaveOccurred())
-		Expect(string(record)).To(ContainSubstring(`"backing":%q`, framework.OverlayBackingImage(volume)))
+		Expect(string(record)).To(ContainSubstring(`"backing":%q`, testenv.OverlayBackingImage(volume)))
 		Expect(string(record)).To(ContainSubstring(`"backingFormat":"raw"`))
 		check, err := qcow2.Tool{}.Check(ctx, dev, qcow2.InfoOptions{Format: qcow2.FormatQcow2, NoBacking: true})
 		Expect(err).ToNot(HaveOccurred())
@@ -205,14 +206,14 @@ var _ = Describe("The patched virt-launcher's thin provisioned overlay on a loop
 				mu.Lock()
 				reports = append(reports, r)
 				for _, d := range r.Disks {
-					size, err := framework.DeviceSize(dev)
+					size, err := testenv.DeviceSize(dev)
 					if err == nil && d.RequiredSize > size && len(grown) == 0 {
-						if err = env.Libvirtd.WaitForState(ctx, name, framework.StatePaused); err == nil {
+						if err = env.Libvirtd.WaitForState(ctx, name, testenv.StatePaused); err == nil {
 							_, paused, err = env.Libvirtd.DomainState(ctx, name)
 						}
 					}
 					if err == nil && d.RequiredSize > size {
-						err = framework.GrowLoop(ctx, dev, loopFile, d.RequiredSize)
+						err = testenv.GrowLoop(ctx, dev, loopFile, d.RequiredSize)
 						grown = append(grown, d.RequiredSize)
 					}
 					if err != nil && growErr == nil {
@@ -276,7 +277,7 @@ var _ = Describe("The patched virt-launcher's thin provisioned overlay on a loop
 		Expect(paused).To(ContainSubstring("I/O error"), "QEMU paused the guest on the full device")
 		Expect(pauses).To(BeNumerically(">=", 1), "the Monitor saw the guest paused for room")
 		Expect(resumes).To(BeNumerically(">=", 1), "the Monitor resumed the guest once the device grew")
-		size, err := framework.DeviceSize(dev)
+		size, err := testenv.DeviceSize(dev)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(size).To(BeNumerically("<", virtualSize), "the device stays thin")
 
@@ -286,18 +287,18 @@ var _ = Describe("The patched virt-launcher's thin provisioned overlay on a loop
 		Expect(err).ToNot(HaveOccurred())
 		Expect(check.Clean()).To(BeTrue(), "qemu-img check: %+v", check)
 		Expect(check.ImageEndOffset).To(BeNumerically("<=", size))
-		Expect(framework.VerifyGuestWrites(ctx, framework.OverlayOver(dev, backing, "raw"), "", writer)).To(Succeed())
-		Expect(framework.SHA256(backing)).To(Equal(backingSum), "the backing changed")
+		Expect(testenv.VerifyGuestWrites(ctx, testenv.OverlayOver(dev, backing, "raw"), "", writer)).To(Succeed())
+		Expect(testenv.SHA256(backing)).To(Equal(backingSum), "the backing changed")
 	}, SpecTimeout(6*time.Minute))
 
 	It("accepts the grown device on the next start, its data still there", func(ctx SpecContext) {
-		before, err := framework.DeviceSize(dev)
+		before, err := testenv.DeviceSize(dev)
 		Expect(err).ToNot(HaveOccurred())
 		dom, err := launcher.Prepare(ctx)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(dom.Devices.Disks[0].Source.Block.Dev).To(Equal(dev))
-		Expect(framework.DeviceSize(dev)).To(Equal(before))
-		Expect(framework.VerifyGuestWrites(ctx, framework.OverlayOver(dev, backing, "raw"), "", writer)).To(Succeed())
-		Expect(framework.SHA256(backing)).To(Equal(backingSum))
+		Expect(testenv.DeviceSize(dev)).To(Equal(before))
+		Expect(testenv.VerifyGuestWrites(ctx, testenv.OverlayOver(dev, backing, "raw"), "", writer)).To(Succeed())
+		Expect(testenv.SHA256(backing)).To(Equal(backingSum))
 	}, SpecTimeout(2*time.Minute))
 })

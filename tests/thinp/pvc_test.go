@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/apiserver"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/thinp"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
@@ -47,7 +48,7 @@ var _ = Describe("PVCExtender against kube-apiserver", Ordered, func() {
 	var client kubernetes.Interface
 
 	BeforeAll(func() {
-		server, err := framework.StartAPIServer()
+		server, err := apiserver.Start()
 		framework.Require(err, "kube-apiserver and etcd")
 		DeferCleanup(server.Stop)
 		client, err = kubernetes.NewForConfig(server.Config)

@@ -25,8 +25,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/thinp"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/thinp/testbed"
 )
 
@@ -70,8 +70,8 @@ var _ = Describe("A thin-provisioned qcow2 disk on a loop device", func() {
 			VirtualSize: gib,
 			DeviceSize:  chunk,
 			Dir:         GinkgoT().TempDir(),
-			Writer: framework.GuestParams{
-				StartLBA: 1, Sectors: uint32(written / framework.SectorSize),
+			Writer: testenv.GuestParams{
+				StartLBA: 1, Sectors: uint32(written / testenv.SectorSize),
 				ProgressEvery: 64, DelayMicros: delayMicros, Seed: 0x7e57,
 			},
 		})
@@ -89,7 +89,7 @@ var _ = Describe("A thin-provisioned qcow2 disk on a loop device", func() {
 		Expect(g.Usage().Physical).To(Equal(chunk))
 
 		g.Wait(ctx)
-		Expect(domainState(ctx, name)).To(Equal(framework.StateRunning))
+		Expect(domainState(ctx, name)).To(Equal(testenv.StateRunning))
 		exts := m.Extensions()
 		Expect(m.Failed()).To(BeEmpty())
 		Expect(len(exts)).To(BeNumerically(">=", 5), "24 MiB written over a 4 MiB device in 4 MiB chunks")
@@ -100,7 +100,7 @@ var _ = Describe("A thin-provisioned qcow2 disk on a loop device", func() {
 				Expect(e.Usage.Physical).To(Equal(exts[i-1].Size), "extension %d starts where the last ended", i)
 			}
 		}
-		Expect(framework.DeviceSize(g.Device)).To(Equal(exts[len(exts)-1].Size))
+		Expect(testenv.DeviceSize(g.Device)).To(Equal(exts[len(exts)-1].Size))
 		g.Verify(ctx)
 	}, NodeTimeout(5*time.Minute))
 
@@ -113,7 +113,7 @@ var _ = Describe("A thin-provisioned qcow2 disk on a loop device", func() {
 		g.Wait(ctx)
 		Expect(m.Failed()).To(BeEmpty())
 		Expect(m.Triggers()).To(ContainElement(thinp.TriggerNoSpace), "the guest ran out of space at least once")
-		Expect(domainState(ctx, name)).To(Equal(framework.StateRunning))
+		Expect(domainState(ctx, name)).To(Equal(testenv.StateRunning))
 		g.Verify(ctx)
 	}, NodeTimeout(5*time.Minute))
 
@@ -152,7 +152,7 @@ var _ = Describe("A thin-provisioned qcow2 disk on a loop device", func() {
 	}, NodeTimeout(5*time.Minute))
 })
 
-func domainState(ctx context.Context, name string) (framework.DomainState, error) {
+func domainState(ctx context.Context, name string) (testenv.DomainState, error) {
 	state, _, err := env.Libvirtd.DomainState(ctx, name)
 	return state, err
 }

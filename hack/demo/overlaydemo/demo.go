@@ -39,8 +39,8 @@ import (
 
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 // Options says where the demo writes.
@@ -61,7 +61,7 @@ type Options struct {
 
 const (
 	mib        = 1 << 20
-	sector     = framework.SectorSize
+	sector     = testenv.SectorSize
 	volume     = "rootdisk"
 	goldenSize = 256 * mib
 	// The golden image holds data from 1 MiB on, standing in for an
@@ -74,10 +74,10 @@ const (
 var (
 	// goldenGuest is what the golden image's own guest writes: what a VM
 	// with a fresh overlay and no parameters of its own does.
-	goldenGuest = framework.GuestParams{StartLBA: 200 * mib / sector, Sectors: 1 * mib / sector, Seed: 0x60}
+	goldenGuest = testenv.GuestParams{StartLBA: 200 * mib / sector, Sectors: 1 * mib / sector, Seed: 0x60}
 	// persistentSecondBoot writes elsewhere, so both boots' data must be in
 	// the persistent overlay after the restart.
-	persistentSecondBoot = framework.GuestParams{StartLBA: 160 * mib / sector, Sectors: 4 * mib / sector, Seed: 0xc4}
+	persistentSecondBoot = testenv.GuestParams{StartLBA: 160 * mib / sector, Sectors: 4 * mib / sector, Seed: 0xc4}
 )
 
 // vm is one VMI with one overlay volume, run as virt-launcher would.
@@ -86,8 +86,8 @@ type vm struct {
 	persistent bool
 	// guest is what the VM's guest writes on its first boot; every VM
 	// writes over the same golden data with its own pattern.
-	guest    framework.GuestParams
-	launcher framework.Launcher
+	guest    testenv.GuestParams
+	launcher testenv.Launcher
 	overlay  string // the overlay image on this host
 	disk     libvirtxml.DomainDisk
 	// created identifies the overlay file the first pre-start step made.
@@ -106,8 +106,8 @@ type demo struct {
 	Options
 	start  time.Time
 	step   int
-	tool   framework.VMI2Domain
-	lv     *framework.Libvirtd
+	tool   testenv.VMI2Domain
+	lv     *testenv.Libvirtd
 	golden string
 	sum    string
 	vms    []*vm
@@ -180,7 +180,7 @@ func (d *demo) preflight() error {
 	if len(missing) > 0 {
 		return fmt.Errorf("missing %s: run `make` (hack/install-deps.sh installs them)", strings.Join(missing, ", "))
 	}
-	tree := framework.KubeVirtTree()
+	tree := testenv.KubeVirtTree()
 	if _, err := os.Stat(filepath.Join(tree, "pkg", "storage", "overlay", "overlay.go")); err != nil {
 		return fmt.Errorf("no patched KubeVirt tree at %s (its overlay package is missing): run `make` first, or set KUBEVIRT_TREE", tree)
 	}
@@ -211,7 +211,7 @@ func relativeTo(dir, path string) string {
 func (d *demo) buildTool(ctx context.Context) error {
 	dir := filepath.Join(d.OutDir, "bin")
 	var err error
-	if d.tool, err = framework.BuildVMI2Domain(ctx, dir); err != nil {
+	if d.tool, err = testenv.BuildVMI2Domain(ctx, dir); err != nil {
 		return err
 	}
 	d.say("built vmi2domain inside the patched tree into %s: the patched virt-launcher converter and overlay steps", relative(dir))
@@ -224,15 +224,15 @@ func (d *demo) makeGolden(ctx context.Context) error {
 		return err
 	}
 	d.golden = filepath.Join(dir, "golden.raw")
-	if err := framework.CreateBootDisk(ctx, d.golden, goldenSize, goldenGuest); err != nil {
+	if err := testenv.CreateBootDisk(ctx, d.golden, goldenSize, goldenGuest); err != nil {
 		return err
 	}
 	fill := fmt.Sprintf("write -q -P 0x5a %d %d", goldenDataOffset, goldenDataSize)
-	if _, err := framework.QemuIO(ctx, d.golden, "raw", fill); err != nil {
+	if _, err := testenv.QemuIO(ctx, d.golden, "raw", fill); err != nil {
 		return err
 	}
 	var err error
-	if d.sum, err = framework.SHA256(d.golden); err != nil {
+	if d.sum, err = testenv.SHA256(d.golden); err != nil {
 		return err
 	}
 	d.say("golden image %s in the work directory %s: %d MiB raw, a bootable guest in sector 0, %d MiB of data; sha256 %.16s…",
@@ -242,11 +242,11 @@ func (d *demo) makeGolden(ctx context.Context) error {
 
 func (d *demo) startLibvirtd(ctx context.Context) error {
 	var err error
-	if d.lv, err = framework.StartLibvirtd(ctx); err != nil {
+	if d.lv, err = testenv.StartLibvirtd(ctx); err != nil {
 		return err
 	}
 	d.say("started a private libvirtd in its own mount namespace (domain type %s, %s=kvm|qemu chooses)",
-		d.lv.VirtType(), framework.VirtTypeEnv)
+		d.lv.VirtType(), testenv.VirtTypeEnv)
 	return nil
 }
 
@@ -254,9 +254,9 @@ func (d *demo) startLibvirtd(ctx context.Context) error {
 // domains; the pre-start step creates their overlays.
 func (d *demo) convert(ctx context.Context) error {
 	d.vms = []*vm{
-		{name: "vm-a", guest: framework.GuestParams{StartLBA: 2 * mib / sector, Sectors: 4 * mib / sector, Seed: 0xa1}},
-		{name: "vm-b", guest: framework.GuestParams{StartLBA: 2 * mib / sector, Sectors: 8 * mib / sector, Seed: 0xb2}},
-		{name: "vm-c", persistent: true, guest: framework.GuestParams{StartLBA: 2 * mib / sector, Sectors: 12 * mib / sector, Seed: 0xc3}},
+		{name: "vm-a", guest: testenv.GuestParams{StartLBA: 2 * mib / sector, Sectors: 4 * mib / sector, Seed: 0xa1}},
+		{name: "vm-b", guest: testenv.GuestParams{StartLBA: 2 * mib / sector, Sectors: 8 * mib / sector, Seed: 0xb2}},
+		{name: "vm-c", persistent: true, guest: testenv.GuestParams{StartLBA: 2 * mib / sector, Sectors: 12 * mib / sector, Seed: 0xc3}},
 	}
 	var lines []string
 	for _, v := range d.vms {
@@ -286,24 +286,24 @@ func (d *demo) convert(ctx context.Context) error {
 // at the paths where the kubelet would mount the host paths.
 func (d *demo) writeVMI(v *vm) error {
 	pod := filepath.Join(d.WorkDir, "pods", v.name)
-	v.launcher = framework.Launcher{
+	v.launcher = testenv.Launcher{
 		Tool: d.tool,
 		VMI:  filepath.Join(d.OutDir, v.name+".vmi.yaml"),
 		Maps: map[string]string{
-			framework.LauncherPrivateDir:          filepath.Join(pod, "private"),
-			framework.LauncherEphemeralDir:        filepath.Join(pod, "ephemeral"),
-			framework.OverlayBackingImage(volume): d.golden,
+			testenv.LauncherPrivateDir:          filepath.Join(pod, "private"),
+			testenv.LauncherEphemeralDir:        filepath.Join(pod, "ephemeral"),
+			testenv.OverlayBackingImage(volume): d.golden,
 		},
 	}
 	overlay := []string{"backingHostPath: {path: " + d.golden + "}", "backingFormat: raw"}
-	v.overlay = v.launcher.Host(framework.OverlayEphemeralImage(volume))
+	v.overlay = v.launcher.Host(testenv.OverlayEphemeralImage(volume))
 	if v.persistent {
 		target := filepath.Join(d.WorkDir, "node", v.name)
-		v.launcher.Maps[framework.OverlayTargetDir(volume)] = target
+		v.launcher.Maps[testenv.OverlayTargetDir(volume)] = target
 		v.overlay = filepath.Join(target, "disk.qcow2")
 		overlay = append(overlay, "persistent: true", "targetHostPath: {path: "+target+"}")
 	}
-	manifest := framework.OverlayVMI(v.name, "demo", volume, overlay...)
+	manifest := testenv.OverlayVMI(v.name, "demo", volume, overlay...)
 	return os.WriteFile(v.launcher.VMI, []byte(manifest), 0o644)
 }
 
@@ -333,7 +333,7 @@ func checkOverlayDisk(v *vm, golden string) error {
 func (d *demo) personalize(ctx context.Context) error {
 	var lines []string
 	for _, v := range d.vms {
-		if err := framework.WriteBootSector(ctx, framework.OverlayOver(v.overlay, d.golden, "raw"), "", v.guest); err != nil {
+		if err := testenv.WriteBootSector(ctx, testenv.OverlayOver(v.overlay, d.golden, "raw"), "", v.guest); err != nil {
 			return err
 		}
 		lines = append(lines, fmt.Sprintf("%s %s", v.name, describe(v.guest)))
@@ -342,7 +342,7 @@ func (d *demo) personalize(ctx context.Context) error {
 	return nil
 }
 
-func describe(p framework.GuestParams) string {
+func describe(p testenv.GuestParams) string {
 	return fmt.Sprintf("%d MiB at %d MiB, seed %#x", int64(p.Sectors)*sector/mib, int64(p.StartLBA)*sector/mib, p.Seed)
 }
 
@@ -408,11 +408,11 @@ func (d *demo) waitAndStop(ctx context.Context) (time.Duration, error) {
 func (d *demo) checkIsolation(ctx context.Context) error {
 	for _, v := range d.vms {
 		alone := qcow2.WithoutBacking(v.overlay, qcow2.FormatQcow2)
-		if err := framework.VerifyGuestWrites(ctx, alone, "", v.guest); err != nil {
+		if err := testenv.VerifyGuestWrites(ctx, alone, "", v.guest); err != nil {
 			return fmt.Errorf("%s: %w", v.name, err)
 		}
 		for _, other := range d.vms {
-			if other != v && framework.VerifyGuestWrites(ctx, alone, "", other.guest) == nil {
+			if other != v && testenv.VerifyGuestWrites(ctx, alone, "", other.guest) == nil {
 				return fmt.Errorf("%s's overlay holds %s's writes", v.name, other.name)
 			}
 		}
@@ -424,7 +424,7 @@ func (d *demo) checkIsolation(ctx context.Context) error {
 // checkGolden compares the golden image's checksum with the one taken
 // when it was made, and looks for the VMs' writes in it.
 func (d *demo) checkGolden(ctx context.Context) error {
-	sum, err := framework.SHA256(d.golden)
+	sum, err := testenv.SHA256(d.golden)
 	if err != nil {
 		return err
 	}
@@ -432,7 +432,7 @@ func (d *demo) checkGolden(ctx context.Context) error {
 		return fmt.Errorf("the golden image changed: sha256 %s, was %s", sum, d.sum)
 	}
 	for _, v := range d.vms {
-		if framework.VerifyGuestWrites(ctx, d.golden, "raw", v.guest) == nil {
+		if testenv.VerifyGuestWrites(ctx, d.golden, "raw", v.guest) == nil {
 			return fmt.Errorf("the golden image holds %s's writes", v.name)
 		}
 	}
@@ -478,7 +478,7 @@ func (d *demo) prepareAgain(ctx context.Context) error {
 			if !os.SameFile(info, v.created) {
 				return fmt.Errorf("%s: the persistent overlay %s was made anew", v.name, v.overlay)
 			}
-			if err := framework.VerifyGuestWrites(ctx, qcow2.WithoutBacking(v.overlay, qcow2.FormatQcow2), "", v.guest); err != nil {
+			if err := testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(v.overlay, qcow2.FormatQcow2), "", v.guest); err != nil {
 				return fmt.Errorf("%s: the persistent overlay lost its data: %w", v.name, err)
 			}
 		} else if err := checkEmpty(ctx, v.overlay, v.guest); err != nil {
@@ -490,8 +490,8 @@ func (d *demo) prepareAgain(ctx context.Context) error {
 }
 
 // checkEmpty checks that an overlay holds nothing where the guest wrote.
-func checkEmpty(ctx context.Context, overlay string, p framework.GuestParams) error {
-	data, err := framework.ReadSectors(ctx, qcow2.WithoutBacking(overlay, qcow2.FormatQcow2), "", p.StartLBA, uint64(p.Sectors))
+func checkEmpty(ctx context.Context, overlay string, p testenv.GuestParams) error {
+	data, err := testenv.ReadSectors(ctx, qcow2.WithoutBacking(overlay, qcow2.FormatQcow2), "", p.StartLBA, uint64(p.Sectors))
 	if err != nil {
 		return err
 	}
@@ -509,7 +509,7 @@ func checkEmpty(ctx context.Context, overlay string, p framework.GuestParams) er
 func (d *demo) reboot(ctx context.Context) error {
 	for _, v := range d.vms {
 		if v.persistent {
-			if err := framework.WriteBootSector(ctx, framework.OverlayOver(v.overlay, d.golden, "raw"), "", persistentSecondBoot); err != nil {
+			if err := testenv.WriteBootSector(ctx, testenv.OverlayOver(v.overlay, d.golden, "raw"), "", persistentSecondBoot); err != nil {
 				return err
 			}
 		}
@@ -534,14 +534,14 @@ func (d *demo) checkAfterRestart(ctx context.Context) error {
 	for _, v := range d.vms {
 		alone := qcow2.WithoutBacking(v.overlay, qcow2.FormatQcow2)
 		if v.persistent {
-			for _, p := range []framework.GuestParams{v.guest, persistentSecondBoot} {
-				if err := framework.VerifyGuestWrites(ctx, alone, "", p); err != nil {
+			for _, p := range []testenv.GuestParams{v.guest, persistentSecondBoot} {
+				if err := testenv.VerifyGuestWrites(ctx, alone, "", p); err != nil {
 					return fmt.Errorf("%s after the restart: %w", v.name, err)
 				}
 			}
 			continue
 		}
-		if err := framework.VerifyGuestWrites(ctx, alone, "", goldenGuest); err != nil {
+		if err := testenv.VerifyGuestWrites(ctx, alone, "", goldenGuest); err != nil {
 			return fmt.Errorf("%s after the restart: %w", v.name, err)
 		}
 		if err := checkEmpty(ctx, v.overlay, v.guest); err != nil {
@@ -574,7 +574,7 @@ func (d *demo) teardown(ctx context.Context) error {
 			}
 		}
 	}
-	mounts, err := framework.MountPoints()
+	mounts, err := testenv.MountPoints()
 	errs = append(errs, err)
 	for _, m := range mounts {
 		if d.WorkDir != "" && strings.HasPrefix(m.MountPoint+"/", d.WorkDir+"/") {

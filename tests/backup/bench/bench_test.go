@@ -37,12 +37,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 const (
@@ -150,7 +150,7 @@ func TestBackupDataPath(t *testing.T) {
 	}
 	ctx := context.Background()
 	dir := t.TempDir()
-	bin, err := s3server.Binary(ctx, framework.RepoRoot())
+	bin, err := s3server.Binary(ctx, testenv.RepoRoot())
 	if err != nil {
 		t.Fatal(err)
 	}

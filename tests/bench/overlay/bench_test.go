@@ -44,6 +44,7 @@ import (
 	. "github.com/onsi/gomega"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
@@ -116,7 +117,7 @@ func workDir(need int64) string {
 // fillRaw creates a raw image of size bytes whose every byte is written
 // (0xa5), so that copies of it cost what a real golden image's would.
 func fillRaw(ctx context.Context, path string, size int64) {
-	_, err := framework.QemuImg(ctx, "create", "-q", "-f", "raw", path, strconv.FormatInt(size, 10))
+	_, err := testenv.QemuImg(ctx, "create", "-q", "-f", "raw", path, strconv.FormatInt(size, 10))
 	Expect(err).ToNot(HaveOccurred())
 	const chunk = 4 * mib
 	benchRun(ctx, "-f", "raw", "-w", "-c", strconv.FormatInt(size/chunk, 10), "-s", strconv.FormatInt(chunk, 10),
@@ -130,7 +131,7 @@ var runCompleted = regexp.MustCompile(`Run completed in ([0-9.]+) seconds`)
 
 // benchRun runs qemu-img bench and returns the run time it reports.
 func benchRun(ctx context.Context, args ...string) time.Duration {
-	out, err := framework.QemuImg(ctx, append([]string{"bench"}, args...)...)
+	out, err := testenv.QemuImg(ctx, append([]string{"bench"}, args...)...)
 	Expect(err).ToNot(HaveOccurred())
 	m := runCompleted.FindStringSubmatch(out)
 	Expect(m).To(HaveLen(2), out)
@@ -190,7 +191,7 @@ var _ = Describe("provisioning a VM disk from a golden image", Ordered, func() {
 			// copy is only done when it is on disk.
 			copyPath := filepath.Join(dir, "vm-copy.raw")
 			copied := timed(func() {
-				_, err := framework.QemuImg(ctx, "convert", "-f", "raw", "-O", "raw", "-T", "none", "-t", "none", golden, copyPath)
+				_, err := testenv.QemuImg(ctx, "convert", "-f", "raw", "-O", "raw", "-T", "none", "-t", "none", golden, copyPath)
 				Expect(err).ToNot(HaveOccurred())
 			})
 			info, err := tool.Info(ctx, copyPath, qcow2.InfoOptions{Format: qcow2.FormatRaw})

@@ -42,7 +42,7 @@ import (
 	. "github.com/onsi/gomega"
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/hotplug"
 )
 
@@ -76,7 +76,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Micros
 
 var _ = Describe("containerDisk hotplug", Ordered, func() {
 	var (
-		lv   *framework.Libvirtd
+		lv   *testenv.Libvirtd
 		node *hotplug.Node
 		dir  string
 	)
@@ -85,7 +85,7 @@ var _ = Describe("containerDisk hotplug", Ordered, func() {
 		if os.Geteuid() != 0 {
 			Skip("needs root")
 		}
-		out, err := exec.CommandContext(ctx, "make", "-C", framework.RepoRoot(), "_out/bin/container-disk").CombinedOutput()
+		out, err := exec.CommandContext(ctx, "make", "-C", testenv.RepoRoot(), "_out/bin/container-disk").CombinedOutput()
 		Expect(err).ToNot(HaveOccurred(), string(out))
 		dir, err = os.MkdirTemp("", "hotplug-bench-")
 		Expect(err).ToNot(HaveOccurred())
@@ -94,10 +94,10 @@ var _ = Describe("containerDisk hotplug", Ordered, func() {
 		tools, err := hotplug.BuildTools(ctx, filepath.Join(dir, "tools"))
 		Expect(err).ToNot(HaveOccurred())
 
-		lv, err = framework.StartLibvirtd(ctx)
+		lv, err = testenv.StartLibvirtd(ctx)
 		Expect(err).ToNot(HaveOccurred())
 		DeferCleanup(func(ctx SpecContext) { Expect(lv.Stop(ctx)).To(Succeed()) })
-		node, err = hotplug.NewNode(tools, framework.Binary("container-disk"), filepath.Join(dir, "node"), lv.SharedDir())
+		node, err = hotplug.NewNode(tools, testenv.Binary("container-disk"), filepath.Join(dir, "node"), lv.SharedDir())
 		Expect(err).ToNot(HaveOccurred())
 		DeferCleanup(node.Close)
 		Expect(hotplug.StartDomain(ctx, lv, dir, domain)).To(Succeed())

@@ -38,8 +38,8 @@ import (
 	. "github.com/onsi/gomega"
 	"libvirt.org/go/libvirt"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/thinp"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/thinp/testbed"
 )
 
@@ -88,7 +88,7 @@ var _ = AfterSuite(func() {
 | chunk | written | rate | extensions | failed writes | latency p50 | latency max |
 |---|---|---|---|---|---|---|
 %s
-`, os.Getenv(framework.VirtTypeEnv), strings.Join(latencyRows, "\n"), strings.Join(rateRows, "\n"))
+`, os.Getenv(testenv.VirtTypeEnv), strings.Join(latencyRows, "\n"), strings.Join(rateRows, "\n"))
 })
 
 func percentile(sorted []time.Duration, p float64) time.Duration {
@@ -123,7 +123,7 @@ var _ = Describe("thin provisioning", Ordered, func() {
 		const written = 48 * mib
 		g := env.StartGuest(ctx, testbed.GuestOptions{
 			Name: "bench-latency", VirtualSize: gib, DeviceSize: 2 * mib, Dir: GinkgoT().TempDir(),
-			Writer: framework.GuestParams{StartLBA: 1, Sectors: uint32(written / framework.SectorSize), ProgressEvery: 64, Seed: 1},
+			Writer: testenv.GuestParams{StartLBA: 1, Sectors: uint32(written / testenv.SectorSize), ProgressEvery: 64, Seed: 1},
 		})
 		start := time.Now()
 		m := g.StartMonitor(testbed.MonitorOptions{Policy: thinp.Policy{ChunkSize: mib, FreeThreshold: mib / 2}})
@@ -148,7 +148,7 @@ var _ = Describe("thin provisioning", Ordered, func() {
 				// Memory-backed, so that the disk, not the machine's
 				// storage, is what is measured.
 				Name: fmt.Sprintf("bench-rate-%d", chunk/mib), VirtualSize: total + gib, DeviceSize: chunk, Dir: shmDir(),
-				Writer: framework.GuestParams{StartLBA: 1, Sectors: 1, Seed: 2},
+				Writer: testenv.GuestParams{StartLBA: 1, Sectors: 1, Seed: 2},
 			})
 			g.Wait(ctx)
 			m := g.StartMonitor(testbed.MonitorOptions{Policy: thinp.Policy{ChunkSize: chunk}})

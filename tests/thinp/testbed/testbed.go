@@ -36,6 +36,7 @@ import (
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/thinp"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/thinp/libvirtdomain"
@@ -48,23 +49,23 @@ const Target = "vda"
 // Env is what every guest of a suite shares: the private libvirtd and a
 // client connection to it with a running event loop.
 type Env struct {
-	Libvirtd *framework.Libvirtd
+	Libvirtd *testenv.Libvirtd
 	Conn     *libvirt.Connect
 }
 
 // StartEnv starts the libvirt side of a suite; call it in BeforeSuite.
 //
-// Guests run under TCG unless framework.VirtTypeEnv says otherwise: the
+// Guests run under TCG unless testenv.VirtTypeEnv says otherwise: the
 // test guest writes through BIOS calls, which nested KVM without hardware
 // virtualization runs several times slower than TCG, and the write rate
 // is what these suites are about.
 func StartEnv(ctx context.Context) *Env {
-	if os.Getenv(framework.VirtTypeEnv) == "" {
-		gomega.Expect(os.Setenv(framework.VirtTypeEnv, "qemu")).To(gomega.Succeed())
+	if os.Getenv(testenv.VirtTypeEnv) == "" {
+		gomega.Expect(os.Setenv(testenv.VirtTypeEnv, "qemu")).To(gomega.Succeed())
 	}
 	// libvirt wants its event loop before the first connection.
 	gomega.Expect(libvirtdomain.StartEventLoop()).To(gomega.Succeed())
-	lv, err := framework.StartLibvirtd(ctx)
+	lv, err := testenv.StartLibvirtd(ctx)
 	ginkgo.DeferCleanup(func(ctx context.Context) {
 		if lv != nil {
 			gomega.Expect(lv.Stop(ctx)).To(gomega.Succeed())
@@ -89,7 +90,7 @@ type GuestOptions struct {
 	// (/dev/shm) keeps storage speed out of the measurements.
 	Dir string
 	// Writer tells the test guest what to write.
-	Writer framework.GuestParams
+	Writer testenv.GuestParams
 }
 
 // Guest is a running domain whose disk is a qcow2 overlay on a loop device
@@ -111,23 +112,23 @@ type Guest struct {
 // domain; the guest starts writing at once.
 func (e *Env) StartGuest(ctx context.Context, o GuestOptions) *Guest {
 	g := &Guest{Env: e, Opts: o, Base: filepath.Join(o.Dir, o.Name+"-base.raw"), LoopFile: filepath.Join(o.Dir, o.Name+"-thin.img")}
-	gomega.Expect(framework.CreateBootDisk(ctx, g.Base, o.VirtualSize, o.Writer)).To(gomega.Succeed())
+	gomega.Expect(testenv.CreateBootDisk(ctx, g.Base, o.VirtualSize, o.Writer)).To(gomega.Succeed())
 	ginkgo.DeferCleanup(os.Remove, g.Base)
 	var err error
-	g.BaseHash, err = framework.SHA256(g.Base)
+	g.BaseHash, err = testenv.SHA256(g.Base)
 	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 
-	g.Device, err = framework.CreateLoopFile(ctx, g.LoopFile, o.DeviceSize)
+	g.Device, err = testenv.CreateLoopFile(ctx, g.LoopFile, o.DeviceSize)
 	ginkgo.DeferCleanup(os.Remove, g.LoopFile)
 	framework.Require(err, "a loop device")
 	ginkgo.DeferCleanup(func(ctx context.Context) {
-		gomega.Expect(framework.DetachLoop(ctx, g.Device)).To(gomega.Succeed())
+		gomega.Expect(testenv.DetachLoop(ctx, g.Device)).To(gomega.Succeed())
 	})
 	gomega.Expect(qcow2.Tool{}.CreateOverlay(ctx, g.Device, g.Base, qcow2.FormatRaw, qcow2.CreateOptions{})).To(gomega.Succeed())
 	g.Maximum, err = thinp.MaximumSizeOf(ctx, qcow2.Tool{}, g.Device)
 	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 
-	disk := framework.WithBackingFile(framework.BlockDisk(g.Device, qcow2.FormatQcow2, Target), g.Base, qcow2.FormatRaw)
+	disk := testenv.WithBackingFile(testenv.BlockDisk(g.Device, qcow2.FormatQcow2, Target), g.Base, qcow2.FormatRaw)
 	// Pause the guest on any write error, as a thin disk must.
 	disk.Driver.ErrorPolicy = "stop"
 	disk.Driver.Cache = "none"
@@ -179,11 +180,11 @@ func (g *Guest) Verify(ctx context.Context) {
 	check, err := qcow2.Tool{}.Check(ctx, g.Device, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
 	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 	gomega.Expect(check.Clean()).To(gomega.BeTrue(), "qemu-img check of the thin overlay: %+v", check)
-	size, err := framework.DeviceSize(g.Device)
+	size, err := testenv.DeviceSize(g.Device)
 	gomega.Expect(err).ToNot(gomega.HaveOccurred())
 	gomega.Expect(check.ImageEndOffset).To(gomega.BeNumerically("<=", size))
-	gomega.Expect(framework.VerifyGuestWrites(ctx, g.Device, qcow2.FormatQcow2, g.Opts.Writer)).To(gomega.Succeed())
-	gomega.Expect(framework.SHA256(g.Base)).To(gomega.Equal(g.BaseHash), "the backing file changed")
+	gomega.Expect(testenv.VerifyGuestWrites(ctx, g.Device, qcow2.FormatQcow2, g.Opts.Writer)).To(gomega.Succeed())
+	gomega.Expect(testenv.SHA256(g.Base)).To(gomega.Equal(g.BaseHash), "the backing file changed")
 }
 
 // Monitor is a thinp.Monitor running in the test process, recording what it

@@ -3,7 +3,7 @@
 // libvirt domain, as virt-launcher's notifier drives it: a check on every
 // domain event (block threshold, I/O error, lifecycle) and every
 // thinprovisioning.PollInterval. It is built inside the patched KubeVirt tree
-// (framework.BuildInKubeVirtTree), so it runs the patched package itself.
+// (testenv.BuildInKubeVirtTree), so it runs the patched package itself.
 //
 // The notifier sends the disks' statuses to virt-handler and the events to
 // Kubernetes; this tool prints both instead, one JSON object a line on

@@ -1,7 +1,7 @@
 # Test guest: a BIOS boot sector that writes a known pattern to the disk it
 # booted from and reports on COM1.
 #
-# The test framework patches the parameter block (found by its magic) before
+# The test environment patches the parameter block (found by its magic) before
 # the sector goes into an image. Sector contents, all little endian:
 #   bytes  0..7   the sector's LBA
 #   bytes  8..11  the seed
@@ -193,7 +193,7 @@ dap_count:	.word 0
 	.word 0, BUFSEG		# buffer offset, segment
 dap_lba:	.quad 0
 
-# Parameter block, patched by the framework (layout in guest.go).
+# Parameter block, patched by testenv (layout in guest.go).
 	.org 0x1e0
 	.ascii "KQGW"
 p_lba:		.quad 1		# first LBA to write, >= 1

@@ -16,7 +16,7 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-package framework_test
+package testenv_test
 
 import (
 	"testing"
@@ -25,7 +25,7 @@ import (
 	. "github.com/onsi/gomega"
 )
 
-func TestFramework(t *testing.T) {
+func TestTestenv(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Functional-test framework")
+	RunSpecs(t, "Test environment")
 }

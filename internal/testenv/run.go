@@ -16,7 +16,7 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-package framework
+package testenv
 
 import (
 	"bytes"

@@ -19,10 +19,9 @@ Copyright The kubevirt-qcow2 Authors.
 // Package framework holds what the functional suites under tests/ share:
 // where the repository and its build outputs are, a private libvirtd, a
 // bootable test guest, disk images, loop devices and a Kubernetes API server.
-package framework
+package testenv
 
 import (
-	"os"
 	"path/filepath"
 	"runtime"
 )
@@ -41,9 +40,4 @@ func OutDir() string {
 // Binary is the path of a binary `make` built into _out/bin.
 func Binary(name string) string {
 	return filepath.Join(OutDir(), "bin", name)
-}
-
-// InCI reports whether the run is CI's, where nothing may be skipped.
-func InCI() bool {
-	return os.Getenv("CI") == "true"
 }

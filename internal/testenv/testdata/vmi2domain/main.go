@@ -1,7 +1,7 @@
 // Command vmi2domain turns a VMI manifest into the libvirt domain XML that a
 // patched KubeVirt tree's virt-launcher converter makes of it, and runs the
 // launcher's overlay steps on its overlay volumes. It is built inside the
-// patched tree (framework.BuildVMI2Domain copies nothing into it: it builds
+// patched tree (testenv.BuildVMI2Domain copies nothing into it: it builds
 // this file with `go build -overlay`), so it exercises the patched packages
 // themselves.
 //

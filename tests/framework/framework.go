@@ -16,14 +16,25 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
+// Package framework adapts internal/testenv to the Ginkgo suites under
+// tests/: what cannot start skips the spec, or fails it in CI, and what
+// starts is stopped when the specs are done.
 package framework
 
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/onsi/ginkgo/v2"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
+
+// InCI reports whether the run is CI's, where nothing may be skipped.
+func InCI() bool {
+	return os.Getenv("CI") == "true"
+}
 
 // Require skips the current spec when a piece of infrastructure could not
 // start, naming it; in CI (CI=true) it fails instead, since a CI run that
@@ -42,8 +53,8 @@ func Require(err error, what string) {
 // StartSuiteLibvirtd starts a private libvirtd for an Ordered container
 // (call it from BeforeAll): skipped, or failed in CI, when it cannot start,
 // and stopped when the container's specs are done.
-func StartSuiteLibvirtd(ctx context.Context) *Libvirtd {
-	lv, err := StartLibvirtd(ctx)
+func StartSuiteLibvirtd(ctx context.Context) *testenv.Libvirtd {
+	lv, err := testenv.StartLibvirtd(ctx)
 	Require(err, "libvirtd")
 	ginkgo.DeferCleanup(func(ctx ginkgo.SpecContext) error { return lv.Stop(ctx) })
 	return lv

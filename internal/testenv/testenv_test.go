@@ -16,7 +16,7 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-package framework_test
+package testenv_test
 
 import (
 	"encoding/binary"
@@ -26,7 +26,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 var _ = Describe("ReadMountInfo", func() {
@@ -35,9 +35,9 @@ var _ = Describe("ReadMountInfo", func() {
 		Expect(os.WriteFile(path, []byte(
 			"27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"+
 				`90 27 254:0 /tmp/a\040b /mnt/x\040y rw,relatime master:7 - ext4 /dev/vda rw`+"\n"), 0o644)).To(Succeed())
-		mounts, err := framework.ReadMountInfo(path)
+		mounts, err := testenv.ReadMountInfo(path)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(mounts).To(Equal([]framework.Mount{
+		Expect(mounts).To(Equal([]testenv.Mount{
 			{ID: 27, ParentID: 1, Root: "/", MountPoint: "/", Options: "rw,relatime", Optional: []string{"shared:1"}, FSType: "ext4", Source: "/dev/vda"},
 			{ID: 90, ParentID: 27, Root: "/tmp/a b", MountPoint: "/mnt/x y", Options: "rw,relatime", Optional: []string{"master:7"}, FSType: "ext4", Source: "/dev/vda"},
 		}))
@@ -46,47 +46,47 @@ var _ = Describe("ReadMountInfo", func() {
 	It("refuses a line without the separator", func() {
 		path := filepath.Join(GinkgoT().TempDir(), "mountinfo")
 		Expect(os.WriteFile(path, []byte("27 1 254:0 / / rw ext4 /dev/vda rw\n"), 0o644)).To(Succeed())
-		_, err := framework.ReadMountInfo(path)
+		_, err := testenv.ReadMountInfo(path)
 		Expect(err).To(MatchError(ContainSubstring("malformed mountinfo line")))
 	})
 })
 
 var _ = Describe("the test guest's pattern", func() {
 	It("puts the LBA and seed first and varies the fill with both", func() {
-		s := framework.GuestSector(0x1_0000_0005, 7)
-		Expect(s).To(HaveLen(framework.SectorSize))
+		s := testenv.GuestSector(0x1_0000_0005, 7)
+		Expect(s).To(HaveLen(testenv.SectorSize))
 		Expect(binary.LittleEndian.Uint64(s)).To(BeEquivalentTo(0x1_0000_0005))
 		Expect(binary.LittleEndian.Uint32(s[8:])).To(BeEquivalentTo(7))
-		Expect(s[12:]).NotTo(Equal(framework.GuestSector(0x1_0000_0006, 7)[12:]))
-		Expect(s[12:]).NotTo(Equal(framework.GuestSector(0x1_0000_0005, 8)[12:]))
+		Expect(s[12:]).NotTo(Equal(testenv.GuestSector(0x1_0000_0006, 7)[12:]))
+		Expect(s[12:]).NotTo(Equal(testenv.GuestSector(0x1_0000_0005, 8)[12:]))
 	})
 
 	It("names the first sector that differs", func() {
-		data := append(framework.GuestSector(3, 1), framework.GuestSector(5, 1)...)
-		Expect(framework.VerifyGuestData(data[:framework.SectorSize], 3, 1)).To(Succeed())
-		Expect(framework.VerifyGuestData(data, 3, 1)).To(MatchError(ContainSubstring("sector 4 ")))
+		data := append(testenv.GuestSector(3, 1), testenv.GuestSector(5, 1)...)
+		Expect(testenv.VerifyGuestData(data[:testenv.SectorSize], 3, 1)).To(Succeed())
+		Expect(testenv.VerifyGuestData(data, 3, 1)).To(MatchError(ContainSubstring("sector 4 ")))
 	})
 
 	It("refuses parameters that would overwrite the guest", func(ctx SpecContext) {
-		_, err := framework.GuestParams{StartLBA: 0, Sectors: 1}.BootSector(ctx)
+		_, err := testenv.GuestParams{StartLBA: 0, Sectors: 1}.BootSector(ctx)
 		Expect(err).To(MatchError(ContainSubstring("at least 1")))
-		_, err = framework.GuestParams{StartLBA: 1, SectorsPerCall: 128}.BootSector(ctx)
+		_, err = testenv.GuestParams{StartLBA: 1, SectorsPerCall: 128}.BootSector(ctx)
 		Expect(err).To(MatchError(ContainSubstring("exceeds 127")))
 	})
 })
 
 var _ = Describe("ParseGuestStatus", func() {
 	DescribeTable("reads the guest's serial lines",
-		func(serial string, want framework.GuestStatus) {
-			Expect(framework.ParseGuestStatus(serial)).To(Equal(want))
+		func(serial string, want testenv.GuestStatus) {
+			Expect(testenv.ParseGuestStatus(serial)).To(Equal(want))
 		},
-		Entry("nothing yet", "", framework.GuestStatus{}),
-		Entry("started", "START 00000001 00000800 0000abcd\r\n", framework.GuestStatus{Started: true}),
+		Entry("nothing yet", "", testenv.GuestStatus{}),
+		Entry("started", "START 00000001 00000800 0000abcd\r\n", testenv.GuestStatus{Started: true}),
 		Entry("progress", "START 00000001 00000800 0000abcd\r\nPROGRESS 000001fc\r\nPROGRESS 000003f8\r\n",
-			framework.GuestStatus{Started: true, Written: 0x3f8}),
+			testenv.GuestStatus{Started: true, Written: 0x3f8}),
 		Entry("done", "START 00000001 00000800 0000abcd\r\nDONE 00000800\r\n",
-			framework.GuestStatus{Started: true, Written: 0x800, Done: true}),
+			testenv.GuestStatus{Started: true, Written: 0x800, Done: true}),
 		Entry("failed", "START 00000001 00000800 0000abcd\r\nPROGRESS 000001fc\r\nERR 01\r\n",
-			framework.GuestStatus{Started: true, Written: 0x1fc, Failed: true, Err: 1}),
+			testenv.GuestStatus{Started: true, Written: 0x1fc, Failed: true, Err: 1}),
 	)
 })

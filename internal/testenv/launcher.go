@@ -16,7 +16,7 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-package framework
+package testenv
 
 import (
 	"bytes"
@@ -67,7 +67,7 @@ type VMI2Domain string
 
 // BuildVMI2Domain builds vmi2domain into outDir.
 func BuildVMI2Domain(ctx context.Context, outDir string) (VMI2Domain, error) {
-	source := filepath.Join(RepoRoot(), "tests", "framework", "testdata", "vmi2domain", "main.go")
+	source := filepath.Join(RepoRoot(), "internal", "testenv", "testdata", "vmi2domain", "main.go")
 	if err := BuildInKubeVirtTree(ctx, map[string]string{"cmd/vmi2domain": source}, outDir); err != nil {
 		return "", err
 	}

@@ -16,7 +16,10 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-package framework
+// Package apiserver starts a real kube-apiserver and etcd through
+// controller-runtime's envtest, apart from package testenv so that the demo
+// does not pull in envtest.
+package apiserver
 
 import (
 	"bytes"
@@ -28,19 +31,21 @@ import (
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
-// APIServer is a real kube-apiserver backed by a real etcd, started for one
+// Server is a real kube-apiserver backed by a real etcd, started for one
 // suite through controller-runtime's envtest.
-type APIServer struct {
+type Server struct {
 	Env    *envtest.Environment
 	Config *rest.Config
 }
 
-// StartAPIServer starts kube-apiserver and etcd with the CRDs found in
+// Start starts kube-apiserver and etcd with the CRDs found in
 // crdPaths (files or directories of YAML) installed. Stop it with Stop,
 // typically in DeferCleanup.
-func StartAPIServer(crdPaths ...string) (*APIServer, error) {
+func Start(crdPaths ...string) (*Server, error) {
 	assets, err := envtestAssets()
 	if err != nil {
 		return nil, err
@@ -54,11 +59,11 @@ func StartAPIServer(crdPaths ...string) (*APIServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start kube-apiserver and etcd from %s: %w", assets, err)
 	}
-	return &APIServer{Env: env, Config: cfg}, nil
+	return &Server{Env: env, Config: cfg}, nil
 }
 
 // Stop stops the API server and etcd.
-func (s *APIServer) Stop() error {
+func (s *Server) Stop() error {
 	if err := s.Env.Stop(); err != nil {
 		return fmt.Errorf("stop kube-apiserver and etcd: %w", err)
 	}
@@ -72,7 +77,7 @@ func envtestAssets() (string, error) {
 	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
 		return dir, nil
 	}
-	cmd := exec.Command(filepath.Join(RepoRoot(), "hack", "envtest-assets.sh"))
+	cmd := exec.Command(filepath.Join(testenv.RepoRoot(), "hack", "envtest-assets.sh"))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
