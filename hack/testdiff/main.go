@@ -33,8 +33,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-
-	"github.com/onsi/ginkgo/v2/types"
 )
 
 type outcome string
@@ -115,12 +113,24 @@ func loadGoTest(path string, r results) error {
 	return sc.Err()
 }
 
+// ginkgoReport is what testdiff reads of a Ginkgo JSON report
+// (ginkgo/v2/types.Report, whose enums encode as their names): decoded
+// here so that no package under hack/ depends on Ginkgo.
+type ginkgoReport struct {
+	SpecReports []struct {
+		ContainerHierarchyTexts []string
+		LeafNodeText            string
+		LeafNodeType            string
+		State                   string
+	}
+}
+
 func loadGinkgo(path string, r results) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	var reports []types.Report
+	var reports []ginkgoReport
 	if err := json.Unmarshal(data, &reports); err != nil {
 		return err
 	}
@@ -129,11 +139,16 @@ func loadGinkgo(path string, r results) error {
 	pkg := strings.TrimSuffix(filepath.Base(path), ".ginkgo.json")
 	for _, rep := range reports {
 		for _, spec := range rep.SpecReports {
-			key := pkg + ": [" + spec.LeafNodeType.String() + "] " + spec.FullText()
-			switch {
-			case spec.State.Is(types.SpecStatePassed):
+			// As types.SpecReport.FullText joins them.
+			texts := spec.ContainerHierarchyTexts
+			if spec.LeafNodeText != "" {
+				texts = append(texts, spec.LeafNodeText)
+			}
+			key := pkg + ": [" + spec.LeafNodeType + "] " + strings.Join(texts, " ")
+			switch spec.State {
+			case "passed":
 				r[key] = passed
-			case spec.State.Is(types.SpecStateFailureStates):
+			case "failed", "timedout", "aborted", "panicked", "interrupted":
 				r[key] = failed
 			default:
 				r[key] = skipped
