@@ -91,6 +91,17 @@ node_base() {
 		for deb in "${tmp}"/debs/*.deb; do
 			dpkg -x "${deb}" "${tmp}/root"
 		done
+		# A Debian 12 system has a merged /usr (debootstrap makes /bin a
+		# link to usr/bin) while packages still ship files under /bin:
+		# KubeVirt's pods run /usr/bin/cp, for one.
+		local top
+		for top in bin sbin lib lib64; do
+			[[ -d ${tmp}/root/${top} && ! -L ${tmp}/root/${top} ]] || continue
+			mkdir -p "${tmp}/root/usr/${top}"
+			cp -a "${tmp}/root/${top}/." "${tmp}/root/usr/${top}/"
+			rm -rf "${tmp:?}/root/${top}"
+			ln -s "usr/${top}" "${tmp}/root/${top}"
+		done
 		# Maintainer scripts would have made these.
 		printf '%s\n' "${PASSWD}" >"${tmp}/root/etc/passwd"
 		printf '%s\n' "${GROUP}" >"${tmp}/root/etc/group"
