@@ -111,7 +111,7 @@ var _ = Describe("The patched virt-launcher's thin provisioned overlay on a loop
 		framework.Require(err, "the patched KubeVirt tree with thin provisioning (hack/kubevirt.sh apply)")
 		tools = GinkgoT().TempDir()
 		Expect(testenv.BuildInKubeVirtTree(ctx, map[string]string{
-			"cmd/vmi2domain":  filepath.Join(testenv.RepoRoot(), "tests", "framework", "testdata", "vmi2domain", "main.go"),
+			"cmd/vmi2domain":  filepath.Join(testenv.RepoRoot(), "internal", "testenv", "testdata", "vmi2domain", "main.go"),
 			"cmd/thinmonitor": filepath.Join(testenv.RepoRoot(), "tests", "thinp", "testdata", "thinmonitor", "main.go"),
 		}, tools)).To(Succeed())
 
