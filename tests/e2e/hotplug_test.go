@@ -106,9 +106,9 @@ func addImage(ctx context.Context, vm, volume string, flags ...string) {
 	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(time.Second).Should(Equal("Ready"))
 }
 
-// removeImage unplugs a volume with virtctl and waits until the VMI, the
-// domain and the namespace's pods no longer have it.
-func removeImage(ctx context.Context, vm, volume string) {
+// removeVolume unplugs a volume with virtctl and waits until the VMI, the
+// domain and the attachment pods no longer have it.
+func removeVolume(ctx context.Context, vm, volume string) {
 	_, err := virtctl(ctx, "-n", namespace, "removevolume", vm, "--volume-name="+volume)
 	Expect(err).ToNot(HaveOccurred())
 	Eventually(func() (string, error) {
@@ -116,8 +116,12 @@ func removeImage(ctx context.Context, vm, volume string) {
 	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(time.Second).Should(BeEmpty())
 	Eventually(func() string { return domainDisks(ctx, vm) }).
 		WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).ShouldNot(ContainSubstring(volume))
-	Eventually(func() []string { return attachmentPods(ctx) }).
-		WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(BeEmpty())
+	// An attachment pod has an emptyDir named after each containerDisk it
+	// serves.
+	Eventually(func() ([]string, error) {
+		out, err := kubectl(ctx, "-n", namespace, "get", "pods", "-l", "kubevirt.io=hotplug-disk", "-o", "jsonpath={.items[*].spec.volumes[*].name}")
+		return strings.Fields(out), err
+	}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).ShouldNot(ContainElement(volume))
 }
 
 // mountOptions are the options of the mount at target in a mount table
@@ -129,6 +133,21 @@ func mountOptions(table, target string) []string {
 		}
 	}
 	return nil
+}
+
+// moreOf lists the entries after has more often than before.
+func moreOf(before, after []string) []string {
+	count := map[string]int{}
+	for _, entry := range before {
+		count[entry]++
+	}
+	var more []string
+	for _, entry := range after {
+		if count[entry]--; count[entry] < 0 {
+			more = append(more, entry)
+		}
+	}
+	return more
 }
 
 // nodeMounts lists the node's mount points.
@@ -187,7 +206,9 @@ overlay:
 	})
 
 	It("detaches it again, leaving no pod and no mount on the node", func(ctx SpecContext) {
-		removeImage(ctx, vm, toolsVolume)
+		removeVolume(ctx, vm, toolsVolume)
+		Eventually(func() []string { return attachmentPods(ctx) }).
+			WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(BeEmpty())
 		Expect(nodeMounts(ctx)).ToNot(ContainElement(ContainSubstring("hotplug-disks/" + toolsVolume)))
 	})
 
@@ -217,7 +238,7 @@ overlay:
 		Expect(err).ToNot(HaveOccurred())
 		Expect(strings.Fields(sum)).To(HaveExactElements(diskDigest, image(scratch)), "the image is unchanged")
 
-		removeImage(ctx, vm, scratch)
+		removeVolume(ctx, vm, scratch)
 		_, err = inLauncher(ctx, vm, "stat", filepath.Dir(overlay))
 		Expect(err).To(MatchError(ContainSubstring("No such file or directory")))
 	})
@@ -227,7 +248,7 @@ overlay:
 		handler, qemu := "^virt-handler ", "guest="+namespace+"_"+vm
 		cycle := func() {
 			addImage(ctx, vm, toolsVolume)
-			removeImage(ctx, vm, toolsVolume)
+			removeVolume(ctx, vm, toolsVolume)
 		}
 		cycle() // caches and connections made on the first use are no leak
 		mounts, handlerFiles, qemuFiles := nodeMounts(ctx), openFiles(ctx, handler), openFiles(ctx, qemu)
@@ -237,8 +258,9 @@ overlay:
 		for range cycles {
 			cycle()
 		}
-		fmt.Printf("after %d cycles: node mounts %d -> %d, virt-handler files %d -> %d, QEMU files %d -> %d\n",
-			cycles, len(mounts), len(nodeMounts(ctx)), handlerFiles, openFiles(ctx, handler), qemuFiles, openFiles(ctx, qemu))
+		fmt.Printf("after %d cycles: node mounts %d -> %d (more of: %v), virt-handler files %d -> %d, QEMU files %d -> %d\n",
+			cycles, len(mounts), len(nodeMounts(ctx)), moreOf(mounts, nodeMounts(ctx)),
+			handlerFiles, openFiles(ctx, handler), qemuFiles, openFiles(ctx, qemu))
 		// Pods of earlier specs may still be going away: nothing new is
 		// the measure, not the same count.
 		Expect(nodeMounts(ctx)).To(HaveEach(BeElementOf(mounts)), "mounts added by the cycles")
@@ -249,5 +271,140 @@ overlay:
 		after, err := kubectl(ctx, "get", "pods", "-A", "-o", "name")
 		Expect(err).ToNot(HaveOccurred())
 		Expect(strings.Fields(after)).To(HaveEach(BeElementOf(strings.Fields(pods))), "pods added by the cycles")
+	})
+})
+
+// restartVirtHandler deletes virt-handler's pod and waits until its
+// replacement alone runs and is ready.
+func restartVirtHandler(ctx context.Context) {
+	const selector = "kubevirt.io=virt-handler"
+	old, err := kubectl(ctx, "-n", "kubevirt", "get", "pods", "-l", selector, "-o", "jsonpath={.items[*].metadata.name}")
+	Expect(err).ToNot(HaveOccurred())
+	_, err = kubectl(ctx, "-n", "kubevirt", "delete", "pods", "-l", selector, "--wait=false")
+	Expect(err).ToNot(HaveOccurred())
+	Eventually(func(g Gomega) {
+		out, err := kubectl(ctx, "-n", "kubevirt", "get", "pods", "-l", selector, "-o",
+			`jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+		g.Expect(err).ToNot(HaveOccurred())
+		fields := strings.Fields(out)
+		g.Expect(fields).To(HaveLen(2))
+		g.Expect(fields[0]).ToNot(Equal(old))
+		g.Expect(fields[1]).To(Equal("True"))
+	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
+}
+
+// imageMounts counts the node's mounts of the VM's hotplugged image of volume.
+func imageMounts(ctx context.Context, volume string) int {
+	var n int
+	for _, mount := range nodeMounts(ctx) {
+		if strings.HasSuffix(mount, "/hotplug-disks/"+volume+".img") {
+			n++
+		}
+	}
+	return n
+}
+
+var _ = Describe("containerDisk hotplug under faults", Ordered, func() {
+	const (
+		vm    = "hotplug-faults"
+		claim = "faults-data"
+	)
+	var launcher string
+
+	BeforeAll(func(ctx SpecContext) {
+		patchKubeVirtConfig(ctx, `[{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HotplugVolumes"},`+
+			`{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HotplugContainerDisk"}]`)
+		archive, _ := toolsArchive(GinkgoT().TempDir())
+		Expect(run(ctx, clusterScript, "import", archive)).To(Succeed())
+		goldenFilesystem(ctx, "faults-golden")
+		blockClaim(ctx, claim, 16<<20)
+		Expect(apply(ctx, vmYAML(vm, "Always", `
+overlay:
+  backingPVC: {claimName: faults-golden}`))).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { deleteVM(ctx, vm) })
+		waitVMIReady(ctx, vm)
+		launcher = launcherPod(ctx, vm)
+	})
+
+	// The VM runs on in the same pod whatever happened to the volumes.
+	AfterEach(func(ctx SpecContext) {
+		Expect(launcherPod(ctx, vm)).To(Equal(launcher))
+		waitVMIReady(ctx, vm)
+	})
+
+	It("keeps an attached image when its attachment pod is deleted", func(ctx SpecContext) {
+		addImage(ctx, vm, toolsVolume)
+		pods := attachmentPods(ctx)
+		Expect(pods).To(HaveLen(1))
+		_, err := kubectl(ctx, "-n", namespace, "delete", "pod", pods[0])
+		Expect(err).ToNot(HaveOccurred())
+
+		// virt-controller starts another attachment pod; the image QEMU has
+		// open stays attached and mounted once.
+		Eventually(func(g Gomega) {
+			g.Expect(attachmentPods(ctx)).To(HaveLen(1))
+			g.Expect(attachmentPods(ctx)).ToNot(ContainElement(pods[0]))
+			g.Expect(volumePhase(ctx, vm, toolsVolume)).To(Equal("Ready"))
+		}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
+		Expect(domainDisks(ctx, vm)).To(ContainSubstring("hotplug-disks/" + toolsVolume + ".img"))
+		Expect(imageMounts(ctx, toolsVolume)).To(Equal(1))
+		removeVolume(ctx, vm, toolsVolume)
+		Expect(imageMounts(ctx, toolsVolume)).To(BeZero())
+	})
+
+	It("attaches an image whose add was under way when virt-handler's pod went", func(ctx SpecContext) {
+		_, err := virtctl(ctx, "-n", namespace, "addvolume", vm, "--image="+toolsImage, "--volume-name="+toolsVolume)
+		Expect(err).ToNot(HaveOccurred())
+		restartVirtHandler(ctx)
+		Eventually(func() (string, error) {
+			return volumePhase(ctx, vm, toolsVolume)
+		}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(time.Second).Should(Equal("Ready"))
+		Eventually(func() string { return domainDisks(ctx, vm) }).
+			WithContext(ctx).WithTimeout(time.Minute).WithPolling(2 * time.Second).Should(ContainSubstring("hotplug-disks/" + toolsVolume + ".img"))
+		Expect(imageMounts(ctx, toolsVolume)).To(Equal(1))
+	})
+
+	It("keeps it attached when virt-handler's pod goes again, and still removes it", func(ctx SpecContext) {
+		restartVirtHandler(ctx)
+		Consistently(func() (string, error) {
+			return volumePhase(ctx, vm, toolsVolume)
+		}).WithContext(ctx).WithTimeout(20 * time.Second).WithPolling(2 * time.Second).Should(Equal("Ready"))
+		Expect(domainDisks(ctx, vm)).To(ContainSubstring("hotplug-disks/" + toolsVolume + ".img"))
+		Expect(imageMounts(ctx, toolsVolume)).To(Equal(1))
+		removeVolume(ctx, vm, toolsVolume)
+		Expect(imageMounts(ctx, toolsVolume)).To(BeZero())
+	})
+
+	It("says why an image cannot be pulled, keeps the claims, and takes a good image later", func(ctx SpecContext) {
+		_, err := virtctl(ctx, "-n", namespace, "addvolume", vm, "--volume-name="+claim)
+		Expect(err).ToNot(HaveOccurred())
+		Eventually(func() (string, error) {
+			return volumePhase(ctx, vm, claim)
+		}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(time.Second).Should(Equal("Ready"))
+
+		const missing = "missing"
+		_, err = virtctl(ctx, "-n", namespace, "addvolume", vm, "--image=registry.e2e.test/missing-disk:v1", "--volume-name="+missing)
+		Expect(err).ToNot(HaveOccurred())
+		Eventually(func(g Gomega) {
+			out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o",
+				`jsonpath={.status.volumeStatus[?(@.name=="`+missing+`")].reason}: {.status.volumeStatus[?(@.name=="`+missing+`")].message}`)
+			g.Expect(err).ToNot(HaveOccurred())
+			g.Expect(out).To(MatchRegexp(`^(ErrImagePull|ImagePullBackOff): Image registry.e2e.test/missing-disk:v1 of volume missing: `))
+		}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
+		Expect(volumePhase(ctx, vm, claim)).To(Equal("Ready"))
+		Expect(domainDisks(ctx, vm)).To(ContainSubstring("hotplug-disks/" + claim))
+
+		_, err = virtctl(ctx, "-n", namespace, "removevolume", vm, "--volume-name="+missing)
+		Expect(err).ToNot(HaveOccurred())
+		addImage(ctx, vm, toolsVolume)
+		Eventually(func() string { return domainDisks(ctx, vm) }).
+			WithContext(ctx).WithTimeout(time.Minute).WithPolling(2 * time.Second).Should(ContainSubstring("hotplug-disks/" + toolsVolume + ".img"))
+		Expect(volumePhase(ctx, vm, claim)).To(Equal("Ready"))
+
+		removeVolume(ctx, vm, toolsVolume)
+		_, err = virtctl(ctx, "-n", namespace, "removevolume", vm, "--volume-name="+claim)
+		Expect(err).ToNot(HaveOccurred())
+		Eventually(func() []string { return attachmentPods(ctx) }).
+			WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(BeEmpty())
 	})
 })
