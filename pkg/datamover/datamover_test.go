@@ -30,9 +30,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
 )
@@ -53,6 +55,56 @@ var _ = Describe("snapshot IDs", func() {
 		Entry("an empty part", "tue//db"),
 		Entry("too many parts", "tue/prod/db/vda"),
 	)
+})
+
+var _ = Describe("what a DataUpload stores", func() {
+	du := func(labels, annotations map[string]string) *velerov2.DataUpload {
+		return &velerov2.DataUpload{
+			ObjectMeta: metav1.ObjectMeta{Name: "du-1", Labels: labels, Annotations: annotations},
+			Spec:       velerov2.DataUploadSpec{SourceNamespace: "prod"},
+		}
+	}
+
+	It("is the backup of Velero's label and the VM of the annotations", func() {
+		b, vm, err := UploadTarget(du(map[string]string{LabelBackupName: "tue"},
+			map[string]string{AnnotationVMName: "db", AnnotationBackupName: "ignored"}))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(b).To(Equal("tue"))
+		Expect(vm).To(Equal(catalog.VM{Namespace: "prod", Name: "db"}))
+	})
+
+	It("needs a VM", func() {
+		_, _, err := UploadTarget(du(nil, nil))
+		Expect(err).To(MatchError(ContainSubstring(AnnotationVMName)))
+	})
+
+	DescribeTable("is a full backup when either force-full annotation says so",
+		func(annotations map[string]string, want bool) {
+			r := &DataUploadReconciler{}
+			j := &uploadJob{du: du(nil, annotations)}
+			opts, err := r.planOptions(j, &kubevirtbackup.VMBackupTracker{})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(opts.ForceFull).To(Equal(want))
+		},
+		Entry("OADP's name", map[string]string{AnnotationForceFull: "true"}, true),
+		Entry("the name of earlier releases", map[string]string{AnnotationForceFullLegacy: "true"}, true),
+		Entry("neither", map[string]string{AnnotationForceFull: "false"}, false),
+	)
+})
+
+var _ = Describe("the disks of a VM", func() {
+	It("are its volumes backed by a claim or a DataVolume, in order", func() {
+		vm := &kubevirtv1.VirtualMachine{Spec: kubevirtv1.VirtualMachineSpec{Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+			Spec: kubevirtv1.VirtualMachineInstanceSpec{Volumes: []kubevirtv1.Volume{
+				{Name: "root", VolumeSource: kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: "db-root"}}},
+				{Name: "cloudinit", VolumeSource: kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{}}},
+				{Name: "data", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "db-data"}}}},
+			}},
+		}}}
+		Expect(DiskClaims(vm)).To(Equal([]mover.Disk{{Volume: "root", Name: "db-root"}, {Volume: "data", Name: "db-data"}}))
+		Expect(DiskClaims(&kubevirtv1.VirtualMachine{})).To(BeEmpty())
+	})
 })
 
 var _ = Describe("childName", func() {

@@ -111,6 +111,18 @@ func (j *uploadJob) key() client.ObjectKey {
 	return client.ObjectKey{Namespace: j.vm.Namespace, Name: j.name}
 }
 
+// UploadTarget is what a DataUpload of this data mover stores, as the
+// controller reads it: the backup's name in the store (which its snapshot
+// ID starts with) and the VM. The delete action reads a DataUpload the same
+// way.
+func UploadTarget(du *velerov2.DataUpload) (backupName string, vm catalog.VM, err error) {
+	vm, err = vmOf(du)
+	if err != nil {
+		return "", catalog.VM{}, err
+	}
+	return backupNameOf(du), vm, nil
+}
+
 // vmOf reads the VM a DataUpload is for.
 func vmOf(du *velerov2.DataUpload) (catalog.VM, error) {
 	name := du.Annotations[AnnotationVMName]
@@ -409,7 +421,7 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 
 func (r *DataUploadReconciler) planOptions(j *uploadJob, tracker *kubevirtbackup.VMBackupTracker) (backup.PlanOptions, error) {
 	opts := backup.PlanOptions{
-		ForceFull:             j.du.Annotations[AnnotationForceFull] == "true",
+		ForceFull:             j.du.Annotations[AnnotationForceFull] == "true" || j.du.Annotations[AnnotationForceFullLegacy] == "true",
 		MaxChainLength:        r.Config.MaxChainLength,
 		HypervisorCheckpoints: []string{},
 	}

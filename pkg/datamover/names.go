@@ -36,7 +36,8 @@ import (
 const DataMover = "kubevirt"
 
 // Annotations a DataUpload carries (set by the backup item action) or that
-// steer it.
+// steer it. Where OADP's kubevirt data mover has a name for the same thing,
+// the name is OADP's.
 const (
 	// AnnotationVMName and AnnotationVMNamespace name the VirtualMachine a
 	// DataUpload backs up; the namespace defaults to spec.sourceNamespace.
@@ -46,9 +47,25 @@ const (
 	// no velero.io/backup-name label.
 	AnnotationBackupName = "kubevirt-datamover.io/backup-name"
 	// AnnotationForceFull "true" makes the backup full.
-	AnnotationForceFull = "kubevirt-datamover.io/force-full"
+	AnnotationForceFull = "kubevirt-datamover.io/force-full-backup"
+	// AnnotationForceFullLegacy is what AnnotationForceFull was called
+	// before it took OADP's name; it is still honoured.
+	AnnotationForceFullLegacy = "kubevirt-datamover.io/force-full"
 	// AnnotationBackupPVCSize overrides the temporary volume's size.
 	AnnotationBackupPVCSize = "kubevirt-datamover.io/backup-pvc-size"
+	// AnnotationOperationID is the Velero asynchronous operation a
+	// DataUpload or DataDownload serves (also its
+	// velero.io/async-operation-id label).
+	AnnotationOperationID = "kubevirt-datamover.io/operation-id"
+)
+
+// Annotations the restore item action puts on a VirtualMachine it restores
+// stopped, so that its run strategy can be put back once its disks are
+// restored: the strategy it had (Always, Halted, ...) and the field that
+// held it ("runStrategy", or "running" for the deprecated boolean).
+const (
+	AnnotationOriginalRunStrategy       = "kubevirt-datamover.io/original-run-strategy"
+	AnnotationOriginalRunStrategySource = "kubevirt-datamover.io/original-run-strategy-source"
 )
 
 // Keys of spec.dataMoverConfig.

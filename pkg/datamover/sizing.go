@@ -49,26 +49,36 @@ func vmDisks(ctx context.Context, r client.Reader, vm *kubevirtv1.VirtualMachine
 		return nil, fatal("VirtualMachine %s/%s has no template", vm.Namespace, vm.Name)
 	}
 	var disks []vmDisk
-	for _, v := range vm.Spec.Template.Spec.Volumes {
-		var claim string
-		switch {
-		case v.PersistentVolumeClaim != nil:
-			claim = v.PersistentVolumeClaim.ClaimName
-		case v.DataVolume != nil:
-			claim = v.DataVolume.Name
-		default:
-			continue
-		}
-		size, err := claimSize(ctx, r, vm, claim)
+	for _, d := range DiskClaims(vm) {
+		size, err := claimSize(ctx, r, vm, d.Name)
 		if err != nil {
-			return nil, fmt.Errorf("volume %s of VirtualMachine %s/%s: %w", v.Name, vm.Namespace, vm.Name, err)
+			return nil, fmt.Errorf("volume %s of VirtualMachine %s/%s: %w", d.Volume, vm.Namespace, vm.Name, err)
 		}
-		disks = append(disks, vmDisk{Disk: mover.Disk{Volume: v.Name, Name: claim}, Size: size})
+		disks = append(disks, vmDisk{Disk: d, Size: size})
 	}
 	if len(disks) == 0 {
 		return nil, fatal("VirtualMachine %s/%s has no volume backed by a claim", vm.Namespace, vm.Name)
 	}
 	return disks, nil
+}
+
+// DiskClaims lists the VM's volumes that a backup saves: those backed by a
+// claim, directly or through a DataVolume (whose claim has its name), in
+// the template's order. Name is the claim, the disk's name in the store.
+func DiskClaims(vm *kubevirtv1.VirtualMachine) []mover.Disk {
+	if vm.Spec.Template == nil {
+		return nil
+	}
+	var disks []mover.Disk
+	for _, v := range vm.Spec.Template.Spec.Volumes {
+		switch {
+		case v.PersistentVolumeClaim != nil:
+			disks = append(disks, mover.Disk{Volume: v.Name, Name: v.PersistentVolumeClaim.ClaimName})
+		case v.DataVolume != nil:
+			disks = append(disks, mover.Disk{Volume: v.Name, Name: v.DataVolume.Name})
+		}
+	}
+	return disks
 }
 
 // claimSize is a claim's capacity, or what it requests while unbound, or
