@@ -128,8 +128,8 @@ var _ = BeforeSuite(func(ctx context.Context) {
 	go kubelet.run(runCtx)
 }, NodeTimeout(15*time.Minute))
 
-// veleroCRDPaths are the DataUpload, DataDownload and BackupStorageLocation
-// CRDs as the Velero module ships them.
+// veleroCRDPaths are the DataUpload, DataDownload, BackupStorageLocation,
+// Backup and Restore CRDs as the Velero module ships them.
 func veleroCRDPaths(ctx context.Context) []string {
 	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/vmware-tanzu/velero").Output()
 	Expect(err).NotTo(HaveOccurred(), "locate the velero module")
@@ -138,5 +138,7 @@ func veleroCRDPaths(ctx context.Context) []string {
 		filepath.Join(dir, "config", "crd", "v2alpha1", "bases", "velero.io_datauploads.yaml"),
 		filepath.Join(dir, "config", "crd", "v2alpha1", "bases", "velero.io_datadownloads.yaml"),
 		filepath.Join(dir, "config", "crd", "v1", "bases", "velero.io_backupstoragelocations.yaml"),
+		filepath.Join(dir, "config", "crd", "v1", "bases", "velero.io_backups.yaml"),
+		filepath.Join(dir, "config", "crd", "v1", "bases", "velero.io_restores.yaml"),
 	}
 }
