@@ -37,9 +37,10 @@ go-build:
 
 # OCI image layouts under _out/images, built without a container engine;
 # the same inputs give the same digests. Ours are from scratch: the hook,
-# and the datamover controller and pods' images (hack/datamover-images.sh:
-# non-root, with the machine's CA bundle, the pods' with qemu-img and the
-# libraries it loads on this machine). The patched KubeVirt
+# and the datamover controller's, pods' and Velero plugin's images
+# (hack/datamover-images.sh: non-root, the first two with the machine's CA
+# bundle, the pods' with qemu-img and the libraries it loads on this
+# machine). The patched KubeVirt
 # components are the upstream images with our binaries on top, at
 # upstream's paths and modes; their bases come from KUBEVIRT_BASE:
 # "registry" (quay.io/kubevirt/<component>:v1.7.0), or a directory holding

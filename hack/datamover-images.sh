@@ -17,17 +17,23 @@
 # Copyright The kubevirt-qcow2 Authors.
 #
 
-# Builds the datamover's two images from scratch as OCI image layouts,
+# Builds the datamover's three images from scratch as OCI image layouts,
 # without a container engine:
 #
 #   OUT/images/datamover-controller/   the controller, user 65532
 #   OUT/images/datamover/              the pods: datamover-upload and
 #                                      qemu-img with the libraries it loads
 #                                      here, user 107 (KubeVirt's qemu)
+#   OUT/images/velero-plugin/          the Velero plugin, user 65532: an
+#                                      init container of Velero's (velero
+#                                      plugin add) that copies it into
+#                                      Velero's plugins directory (/target)
 #
-# Both hold this machine's CA bundle at /etc/ssl/certs/ca-certificates.crt,
-# where Go looks first, so that they reach HTTPS object stores signed by a
-# public authority; a private one comes from the location's caCert.
+# The first two hold this machine's CA bundle at
+# /etc/ssl/certs/ca-certificates.crt, where Go looks first, so that they
+# reach HTTPS object stores signed by a public authority; a private one
+# comes from the location's caCert. The plugin runs in Velero's container,
+# with Velero's bundle.
 # Usage: hack/datamover-images.sh OUT REGISTRY TAG
 set -euo pipefail
 
@@ -37,6 +43,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Debian's ca-certificates package writes the bundle there.
 readonly CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 readonly IMAGE_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+# The plugin's name in Velero's plugins directory, which every plugin
+# image shares (cmd/velero-plugin's InstalledName).
+readonly PLUGIN=/plugins/kubevirt-qcow2-velero-plugin
 
 build_binaries() {
 	local out=$1
@@ -44,7 +53,7 @@ build_binaries() {
 	(
 		cd "${QCOW2_ROOT}"
 		CGO_ENABLED=0 go build -trimpath -ldflags='-s -w -buildid=' -o "${out}/static/" \
-			./cmd/datamover-controller ./cmd/datamover-upload
+			./cmd/datamover-controller ./cmd/datamover-upload ./cmd/velero-plugin
 		go build -trimpath -o "${out}/bin/oci-image" ./cmd/oci-image
 	)
 }
@@ -63,6 +72,10 @@ build_images() {
 		--elf "${qemu_img}:/usr/bin/qemu-img:0755" \
 		--file "${CA_BUNDLE}:${IMAGE_CA_BUNDLE}:0644" \
 		--entrypoint /usr/bin/datamover-upload --user 107:107
+	"${out}/bin/oci-image" --out "${out}/images/velero-plugin" \
+		--ref "${registry}/velero-plugin:${tag}" \
+		--file "${out}/static/velero-plugin:${PLUGIN}:0755" \
+		--entrypoint "${PLUGIN} install /target" --user 65532
 }
 
 main() {

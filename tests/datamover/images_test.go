@@ -69,22 +69,33 @@ var _ = Describe("the datamover's images", func() {
 		output, err := cmd.CombinedOutput()
 		Expect(err).NotTo(HaveOccurred(), "hack/datamover-images.sh: %s", output)
 
-		for name, want := range map[string]struct{ user, entrypoint string }{
-			"datamover-controller": {"65532", "/usr/bin/datamover-controller"},
-			"datamover":            {"107:107", "/usr/bin/datamover-upload"},
+		const plugin = "/plugins/kubevirt-qcow2-velero-plugin"
+		for name, want := range map[string]struct {
+			user       string
+			entrypoint []string
+			caBundle   bool
+		}{
+			"datamover-controller": {"65532", []string{"/usr/bin/datamover-controller"}, true},
+			"datamover":            {"107:107", []string{"/usr/bin/datamover-upload"}, true},
+			// Velero's init container: it copies the plugin into the
+			// plugins directory, where it runs in Velero's container.
+			"velero-plugin": {"65532", []string{plugin, "install", "/target"}, false},
 		} {
 			img, err := ociimage.Load(ociimage.SourceLayout+filepath.Join(out, "images", name), v1.Platform{OS: "linux"})
 			Expect(err).NotTo(HaveOccurred())
 			cfg, err := img.ConfigFile()
 			Expect(err).NotTo(HaveOccurred())
 			Expect(cfg.Config.User).To(Equal(want.user), name)
-			Expect(cfg.Config.Entrypoint).To(Equal([]string{want.entrypoint}), name)
+			Expect(cfg.Config.Entrypoint).To(Equal(want.entrypoint), name)
 			files := imageFiles(img)
+			Expect(files).To(HaveKey(want.entrypoint[0]), name)
+			if !want.caBundle {
+				continue
+			}
 			Expect(files).To(HaveKey(caBundle), name)
 			Expect(files[caBundle]).To(Equal(hostBundle), name)
 			pool := x509.NewCertPool()
 			Expect(pool.AppendCertsFromPEM(files[caBundle])).To(BeTrue(), name)
-			Expect(files).To(HaveKey(want.entrypoint), name)
 		}
 	}, NodeTimeout(10*time.Minute))
 })
