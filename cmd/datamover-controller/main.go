@@ -27,11 +27,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/klog/v2/textlogger"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 )
 
@@ -73,15 +73,18 @@ func run() error {
 	flag.StringVar(&metrics, "metrics-bind-address", ":8080", "metrics endpoint; 0 to disable")
 	flag.StringVar(&probes, "health-probe-bind-address", ":8081", "health probe endpoint; 0 to disable")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "elect a leader among replicas")
-	logCfg := textlogger.NewConfig()
-	logCfg.AddFlags(flag.CommandLine)
+	var logOpts logging.Options
+	logOpts.AddFlags(flag.CommandLine)
 	flag.Parse()
-	ctrl.SetLogger(textlogger.NewLogger(logCfg))
+	log, err := logging.New(logOpts)
+	if err != nil {
+		return err
+	}
+	ctx := logging.Setup(ctrl.SetupSignalHandler(), log)
 	if cfg.Image == "" {
 		return fmt.Errorf("-image is required")
 	}
 	cfg.ImagePullPolicy = corev1.PullPolicy(pullPolicy)
-	var err error
 	if cfg.PodResources, err = resources.Requirements(); err != nil {
 		return fmt.Errorf("-pod-*: %w", err)
 	}
@@ -115,7 +118,6 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
 	}
-	ctx := ctrl.SetupSignalHandler()
 	if err := datamover.Setup(ctx, mgr, cfg); err != nil {
 		return err
 	}
