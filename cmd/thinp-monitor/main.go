@@ -26,17 +26,18 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"libvirt.org/go/libvirt"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/thinp"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/thinp/libvirtdomain"
@@ -54,25 +55,30 @@ func main() {
 	verbose := flag.Bool("v", false, "log every state change")
 	flag.Parse()
 
-	level := slog.LevelInfo
+	var logOpts logging.Options
 	if *verbose {
-		level = slog.LevelDebug
+		logOpts.Verbosity = 1
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log, err := logging.New(logOpts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "thinp-monitor:", err)
+		os.Exit(1)
+	}
 	policy := thinp.Policy{ChunkSize: *chunk, FreeThreshold: *threshold, PollInterval: *poll}
 	if *leavePaused {
 		policy.Resume = thinp.LeavePaused
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, log, *uri, *domain, *disks, policy, *metricsAddr)
+	ctx = logging.Setup(ctx, log)
+	err = run(ctx, log, *uri, *domain, *disks, policy, *metricsAddr)
 	stop()
 	if err != nil {
-		log.Error("thinp-monitor failed", "error", err)
+		log.Error(err, "thinp-monitor failed")
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, log *slog.Logger, uri, domain, diskList string, policy thinp.Policy, metricsAddr string) error {
+func run(ctx context.Context, log logr.Logger, uri, domain, diskList string, policy thinp.Policy, metricsAddr string) error {
 	if domain == "" || diskList == "" {
 		return errors.New("-domain and -disks are required")
 	}
@@ -102,7 +108,7 @@ func run(ctx context.Context, log *slog.Logger, uri, domain, diskList string, po
 		srv := &http.Server{Addr: metricsAddr, Handler: promhttp.HandlerFor(registry, promhttp.HandlerOpts{})}
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server", "error", err)
+				log.Error(err, "metrics server")
 			}
 		}()
 		defer srv.Close()

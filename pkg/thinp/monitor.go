@@ -22,10 +22,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/go-logr/logr"
 )
 
 // EventKind tells the events a Monitor acts on apart.
@@ -137,8 +137,9 @@ type Config struct {
 	Policy Policy
 	// Metrics may be nil.
 	Metrics *Metrics
-	// Logger may be nil.
-	Logger *slog.Logger
+	// Logger receives the Monitor's log, every state change at V(1); the
+	// zero Logger discards it.
+	Logger logr.Logger
 	// Observe, when set, is called after every extension attempt.
 	Observe func(Extension)
 }
@@ -157,7 +158,7 @@ type Monitor struct {
 	dom     Domain
 	policy  Policy
 	metrics *Metrics
-	log     *slog.Logger
+	log     logr.Logger
 	observe func(Extension)
 
 	mu    sync.Mutex
@@ -176,13 +177,9 @@ func NewMonitor(cfg Config) (*Monitor, error) {
 		dom:     cfg.Domain,
 		policy:  cfg.Policy.WithDefaults(),
 		metrics: cfg.Metrics,
-		log:     cfg.Logger,
+		log:     cfg.Logger.WithValues("domain", cfg.Domain.Name()),
 		observe: cfg.Observe,
 	}
-	if m.log == nil {
-		m.log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	m.log = m.log.With("domain", cfg.Domain.Name())
 	for _, d := range cfg.Disks {
 		if d.Extender == nil || d.Maximum <= 0 || d.Target == "" {
 			return nil, fmt.Errorf("thin-provisioning monitor: disk %q needs a target, a maximum size and an extender", d.Target)
@@ -215,10 +212,10 @@ func (m *Monitor) setState(d *disk, to State) {
 	}
 	if !CanTransition(d.state, to) {
 		// A programming error: log it rather than corrupt the machine.
-		m.log.Error("refused state transition", "disk", d.Target, "from", d.state, "to", to)
+		m.log.Error(nil, "refused state transition", "disk", d.Target, "from", d.state, "to", to)
 		return
 	}
-	m.log.Debug("state", "disk", d.Target, "from", d.state, "to", to)
+	m.log.V(1).Info("state", "disk", d.Target, "from", d.state, "to", to)
 	d.state = to
 }
 
@@ -314,12 +311,12 @@ func (m *Monitor) byPath(path, alias string) *disk {
 func (m *Monitor) pollAll(ctx context.Context, trigger Trigger) {
 	paused, err := m.dom.PausedOnIOError()
 	if err != nil {
-		m.log.Error("read domain state", "error", err)
+		m.log.Error(err, "read domain state")
 	}
 	var noSpace map[string]DiskError
 	if paused {
 		if noSpace, err = m.dom.DiskErrors(); err != nil {
-			m.log.Error("read disk errors", "error", err)
+			m.log.Error(err, "read disk errors")
 		}
 	}
 	for _, d := range m.disks {
@@ -352,11 +349,11 @@ func (m *Monitor) service(ctx context.Context, d *disk, trigger Trigger, since t
 	for ctx.Err() == nil {
 		u, err := m.dom.Usage(d.node)
 		if err != nil {
-			m.log.Error("read allocation", "disk", d.Target, "error", err)
+			m.log.Error(err, "read allocation", "disk", d.Target)
 			return
 		}
 		if err := CheckAllocation(u, d.Maximum); err != nil {
-			m.log.Error("refusing to act", "disk", d.Target, "error", err)
+			m.log.Error(err, "refusing to act", "disk", d.Target)
 			return
 		}
 		m.metrics.usage(m.dom.Name(), d.Target, u)
@@ -399,7 +396,7 @@ func (m *Monitor) arm(d *disk, u Usage) {
 		return
 	}
 	if err := m.dom.SetThreshold(d.node.Name, threshold); err != nil {
-		m.log.Error("arm threshold", "disk", d.Target, "node", d.node.Name, "error", err)
+		m.log.Error(err, "arm threshold", "disk", d.Target, "node", d.node.Name)
 		if d.state == StateArmed {
 			m.setState(d, StateUnarmed)
 		}
@@ -407,7 +404,7 @@ func (m *Monitor) arm(d *disk, u Usage) {
 	}
 	d.armed = threshold
 	m.setState(d, StateArmed)
-	m.log.Debug("armed", "disk", d.Target, "node", d.node.Name, "threshold", threshold)
+	m.log.V(1).Info("armed", "disk", d.Target, "node", d.node.Name, "threshold", threshold)
 }
 
 func (m *Monitor) disarm(d *disk) {
@@ -415,7 +412,7 @@ func (m *Monitor) disarm(d *disk) {
 		return
 	}
 	if err := m.dom.SetThreshold(d.node.Name, 0); err != nil {
-		m.log.Error("disarm threshold", "disk", d.Target, "error", err)
+		m.log.Error(err, "disarm threshold", "disk", d.Target)
 	}
 	d.armed = 0
 }
@@ -431,7 +428,7 @@ func (m *Monitor) extend(ctx context.Context, d *disk, u Usage, trigger Trigger,
 		m.observe(Extension{Disk: d.Target, Trigger: trigger, Usage: u, Size: size, Latency: latency, Err: err})
 	}
 	if err != nil {
-		m.log.Error("extend", "disk", d.Target, "size", size, "error", err)
+		m.log.Error(err, "extend", "disk", d.Target, "size", size)
 		m.setState(d, StateExceeded)
 		return err
 	}
@@ -494,7 +491,7 @@ func (m *Monitor) resumeIfReady(ctx context.Context) {
 	}
 	errs, err := m.dom.DiskErrors()
 	if err != nil {
-		m.log.Error("read disk errors", "error", err)
+		m.log.Error(err, "read disk errors")
 		return
 	}
 	for target, e := range errs {
@@ -504,7 +501,7 @@ func (m *Monitor) resumeIfReady(ctx context.Context) {
 		}
 	}
 	if err := m.dom.Resume(); err != nil {
-		m.log.Error("resume", "error", err)
+		m.log.Error(err, "resume")
 		return
 	}
 	m.log.Info("resumed after extension")

@@ -24,6 +24,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,6 +46,7 @@ var _ = Describe("Monitor", func() {
 		metrics  *thinp.Metrics
 		recorded []thinp.Extension
 		recMu    sync.Mutex
+		logger   logr.Logger
 	)
 
 	BeforeEach(func() {
@@ -57,6 +60,7 @@ var _ = Describe("Monitor", func() {
 		recMu.Lock()
 		recorded = nil
 		recMu.Unlock()
+		logger = logr.Discard()
 	})
 
 	start := func() *thinp.Monitor {
@@ -65,6 +69,7 @@ var _ = Describe("Monitor", func() {
 			Disks:   []thinp.Disk{{Target: "vda", Maximum: maximum, Extender: dom.extender()}},
 			Policy:  policy,
 			Metrics: metrics,
+			Logger:  logger,
 			Observe: func(e thinp.Extension) {
 				recMu.Lock()
 				defer recMu.Unlock()
@@ -100,6 +105,32 @@ var _ = Describe("Monitor", func() {
 		Eventually(m.State).WithArguments("vda").Should(Equal(thinp.StateArmed))
 		Expect(thresholds()).To(Equal(map[string]uint64{"vda[2]": uint64(chunk - free)}))
 		Expect(dom.extensions()).To(BeEmpty())
+	})
+
+	It("logs to the configured logger, every state change at V(1)", func() {
+		var (
+			mu    sync.Mutex
+			lines []string
+		)
+		logged := func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			return append([]string(nil), lines...)
+		}
+		logger = funcr.New(func(_, args string) {
+			mu.Lock()
+			defer mu.Unlock()
+			lines = append(lines, args)
+		}, funcr.Options{Verbosity: 1})
+		m := start()
+		Eventually(m.State).WithArguments("vda").Should(Equal(thinp.StateArmed))
+		Expect(dom.write(chunk - free + mib)).To(BeTrue())
+		Eventually(dom.extensions).Should(Equal([]int64{2 * chunk}))
+		Eventually(logged).Should(ContainElements(
+			MatchRegexp(`"msg"="monitoring" "domain"="guest" "disks"=1`),
+			MatchRegexp(`"level"=1 "msg"="state" "domain"="guest" "disk"="vda" "from"="unarmed" "to"="armed"`),
+			MatchRegexp(`"msg"="extended" "domain"="guest" "disk"="vda" "trigger"="threshold"`),
+		))
 	})
 
 	It("extends by a chunk when the threshold fires and re-arms for the new size", func() {

@@ -19,13 +19,18 @@ Copyright The kubevirt-qcow2 Authors.
 package testbed
 
 import (
-	"log/slog"
-
+	"github.com/go-logr/logr"
 	"github.com/onsi/ginkgo/v2"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
 )
 
-// logger sends the Monitor's log to the spec's output, shown on failure
-// or with -v.
-func logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(ginkgo.GinkgoWriter, &slog.HandlerOptions{Level: slog.LevelDebug}))
+// logger sends the Monitor's log, every state change included, to the
+// spec's output, shown on failure or with -v.
+func logger() logr.Logger {
+	log, err := logging.New(logging.Options{Output: ginkgo.GinkgoWriter, Verbosity: 1})
+	if err != nil {
+		ginkgo.Fail(err.Error())
+	}
+	return log
 }
