@@ -28,7 +28,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -36,6 +35,7 @@ import (
 	"syscall"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/hooks/overlay/sidecar"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/overlay"
 )
 
@@ -50,7 +50,10 @@ func main() {
 }
 
 func run() error {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log, err := logging.New(logging.Options{})
+	if err != nil {
+		return err
+	}
 	container := os.Getenv("CONTAINER_NAME")
 	env := sidecar.Environment{
 		ContainerName:    container,
@@ -61,6 +64,7 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer stop()
+	ctx = logging.Setup(ctx, log)
 
 	switch filepath.Base(os.Args[0]) {
 	case sidecar.ShimOnDefineDomain:

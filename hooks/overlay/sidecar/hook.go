@@ -27,13 +27,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"sync"
 
+	"github.com/go-logr/logr"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/overlay"
@@ -65,7 +65,8 @@ type Environment struct {
 type Hook struct {
 	Env      Environment
 	Overlays overlay.Manager
-	Log      *slog.Logger
+	// Log receives what the hook did; the zero Logger discards it.
+	Log logr.Logger
 
 	mu sync.Mutex
 	// ephemeral are the ephemeral overlays this process created or
@@ -73,11 +74,8 @@ type Hook struct {
 	ephemeral map[string]overlay.Spec
 }
 
-// NewHook returns a hook that makes overlays with images.
-func NewHook(env Environment, images overlay.Images, log *slog.Logger) *Hook {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+// NewHook returns a hook that makes overlays with images and logs to log.
+func NewHook(env Environment, images overlay.Images, log logr.Logger) *Hook {
 	return &Hook{Env: env, Overlays: overlay.Manager{Images: images}, Log: log, ephemeral: map[string]overlay.Spec{}}
 }
 

@@ -27,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	v1 "kubevirt.io/api/core/v1"
@@ -69,7 +70,7 @@ var _ = Describe("Hook", func() {
 			SocketDir:        filepath.Join(tmp, "sockets"),
 			ComputeSocketDir: computeSockets,
 			PodName:          "virt-launcher-vm1-x7k2p",
-		}, overlay.Native{}, nil)
+		}, overlay.Native{}, logr.Discard())
 		pvc = &hooks.PVC{Name: "golden-store", VolumePath: store, SharedComputePath: computeStore}
 		f = fixture{vmi: richVMI("vm1", pvcVolume("rootdisk", "golden-store"))}
 	})

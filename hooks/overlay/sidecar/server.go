@@ -131,7 +131,7 @@ func (s *Server) Serve(ctx context.Context, socketPath string) error {
 func (s *Server) onDefineDomain(ctx context.Context, vmi, domain []byte) ([]byte, error) {
 	out, err := s.hook.OnDefineDomain(ctx, vmi, domain)
 	if err != nil {
-		s.hook.Log.Error("OnDefineDomain failed", "error", err)
+		s.hook.Log.Error(err, "OnDefineDomain failed")
 		return nil, fmt.Errorf("overlay hook: %w", err)
 	}
 	return out, nil

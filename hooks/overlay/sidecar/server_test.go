@@ -22,6 +22,7 @@ import (
 	"context"
 	"path/filepath"
 
+	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
@@ -37,7 +38,7 @@ import (
 var _ = Describe("Server", func() {
 	DescribeTable("announces what it was configured for",
 		func(cfg ServerConfig, versions, points []string) {
-			s, err := NewServer(NewHook(Environment{}, overlay.Native{}, nil), cfg)
+			s, err := NewServer(NewHook(Environment{}, overlay.Native{}, logr.Discard()), cfg)
 			Expect(err).ToNot(HaveOccurred())
 			info := serveAndCall(s, func(conn *grpc.ClientConn) any {
 				res, err := hooksinfo.NewInfoClient(conn).Info(context.Background(), &hooksinfo.InfoParams{})
@@ -62,7 +63,7 @@ var _ = Describe("Server", func() {
 
 	DescribeTable("refuses a configuration it cannot serve",
 		func(cfg ServerConfig, message string) {
-			_, err := NewServer(NewHook(Environment{}, overlay.Native{}, nil), cfg)
+			_, err := NewServer(NewHook(Environment{}, overlay.Native{}, logr.Discard()), cfg)
 			Expect(err).To(MatchError(ContainSubstring(message)))
 		},
 		Entry("an unknown version", ServerConfig{Versions: []string{"v1alpha1"}, HookPoints: []string{"OnDefineDomain"}}, `"v1alpha1" is not one of`),
@@ -71,7 +72,7 @@ var _ = Describe("Server", func() {
 	)
 
 	It("passes cloud-init data through in both versions", func() {
-		s, err := NewServer(NewHook(Environment{}, overlay.Native{}, nil), ServerConfig{HookPoints: HookPoints})
+		s, err := NewServer(NewHook(Environment{}, overlay.Native{}, logr.Discard()), ServerConfig{HookPoints: HookPoints})
 		Expect(err).ToNot(HaveOccurred())
 		data, legacy := []byte(`{"userData":"#cloud-config\n"}`), []byte(`{"userData":"x"}`)
 		serveAndCall(s, func(conn *grpc.ClientConn) any {
@@ -89,7 +90,7 @@ var _ = Describe("Server", func() {
 	})
 
 	It("returns OnDefineDomain's error to the caller", func() {
-		s, err := NewServer(NewHook(Environment{}, overlay.Native{}, nil), ServerConfig{HookPoints: HookPoints})
+		s, err := NewServer(NewHook(Environment{}, overlay.Native{}, logr.Discard()), ServerConfig{HookPoints: HookPoints})
 		Expect(err).ToNot(HaveOccurred())
 		serveAndCall(s, func(conn *grpc.ClientConn) any {
 			_, err := v1alpha3.NewCallbacksClient(conn).OnDefineDomain(context.Background(),
@@ -100,7 +101,7 @@ var _ = Describe("Server", func() {
 	})
 
 	It("stops serving after Shutdown", func() {
-		s, err := NewServer(NewHook(Environment{}, overlay.Native{}, nil), ServerConfig{HookPoints: HookPoints})
+		s, err := NewServer(NewHook(Environment{}, overlay.Native{}, logr.Discard()), ServerConfig{HookPoints: HookPoints})
 		Expect(err).ToNot(HaveOccurred())
 		socket := filepath.Join(GinkgoT().TempDir(), "hook.sock")
 		done := make(chan error, 1)
