@@ -32,10 +32,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
 )
@@ -46,7 +48,13 @@ const (
 )
 
 func main() {
+	log, err := logging.New(logging.Options{})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "datamover-upload: %v\n", err)
+		os.Exit(1)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx = logging.Setup(ctx, log)
 	msg, err := run(ctx, os.Args[1:])
 	stop()
 	if err != nil {
@@ -54,7 +62,7 @@ func main() {
 	}
 	fmt.Println(msg)
 	if werr := os.WriteFile(terminationLog, []byte(msg), 0o644); werr != nil && !errors.Is(werr, os.ErrNotExist) {
-		fmt.Fprintf(os.Stderr, "datamover-upload: write %s: %v\n", terminationLog, werr)
+		log.Error(werr, "write the termination message", "file", terminationLog)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "datamover-upload: %v\n", err)
@@ -116,12 +124,11 @@ func progress(ctx context.Context, ref mover.ObjectRef, obj client.Object, inter
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "datamover-upload: no progress reports: %v\n", err)
+		logr.FromContextOrDiscard(ctx).Error(err, "no progress reports")
 		return nil
 	}
 	obj.SetNamespace(ref.Namespace)
 	obj.SetName(ref.Name)
-	r := &mover.StatusReporter{Client: c, Object: obj, Interval: interval,
-		Warn: func(err error) { fmt.Fprintf(os.Stderr, "datamover-upload: %v\n", err) }}
+	r := &mover.StatusReporter{Client: c, Object: obj, Interval: interval}
 	return r.Func(ctx)
 }

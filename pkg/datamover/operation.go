@@ -24,13 +24,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // operation is a DataUpload or a DataDownload (phase type P) as the steps
@@ -59,7 +59,7 @@ func (o *operation[P]) setStatus(ctx context.Context, eventType, reason, msg str
 	if err := o.client.Patch(ctx, o.obj, patch); err != nil {
 		return fmt.Errorf("update status of %s %s: %w", o.kind, client.ObjectKeyFromObject(o.obj), err)
 	}
-	log.FromContext(ctx).Info(msg, "phase", *o.phase)
+	logr.FromContextOrDiscard(ctx).Info(msg, "phase", *o.phase)
 	o.recorder.Event(o.obj, eventType, reason, msg)
 	return nil
 }

@@ -30,6 +30,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 
+	"github.com/go-logr/logr"
 	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -409,7 +410,6 @@ func (k *kubeletStandIn) mounts(ctx context.Context, pod *corev1.Pod) (map[strin
 func (k *kubeletStandIn) progress(ctx context.Context, ref mover.ObjectRef, obj client.Object) mover.ProgressFunc {
 	obj.SetNamespace(ref.Namespace)
 	obj.SetName(ref.Name)
-	r := &mover.StatusReporter{Client: k.c, Object: obj, Interval: 200 * time.Millisecond,
-		Warn: func(err error) { GinkgoWriter.Printf("kubelet stand-in: %v\n", err) }}
-	return r.Func(ctx)
+	r := &mover.StatusReporter{Client: k.c, Object: obj, Interval: 200 * time.Millisecond}
+	return r.Func(logr.NewContext(ctx, GinkgoLogr.WithName("kubelet stand-in")))
 }

@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -37,15 +38,15 @@ type StatusReporter struct {
 	// says which.
 	Object   client.Object
 	Interval time.Duration
-	// Warn is told about a failed patch once; progress is best effort.
-	Warn func(error)
 
 	mu     sync.Mutex
 	last   time.Time
 	warned bool
 }
 
-// Func returns the ProgressFunc to hand to Upload or Restore.
+// Func returns the ProgressFunc to hand to Upload or Restore. Progress is
+// best effort: the first failed patch is logged to ctx's logger, and the
+// transfer goes on.
 func (s *StatusReporter) Func(ctx context.Context) ProgressFunc {
 	return func(done, total int64) {
 		s.mu.Lock()
@@ -57,9 +58,7 @@ func (s *StatusReporter) Func(ctx context.Context) ProgressFunc {
 		patch := fmt.Sprintf(`{"status":{"progress":{"totalBytes":%d,"bytesDone":%d}}}`, total, done)
 		if err := s.Client.Patch(ctx, s.Object, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil && !s.warned {
 			s.warned = true
-			if s.Warn != nil {
-				s.Warn(fmt.Errorf("report progress to %s: %w", client.ObjectKeyFromObject(s.Object), err))
-			}
+			logr.FromContextOrDiscard(ctx).Error(err, "report progress", "object", client.ObjectKeyFromObject(s.Object))
 		}
 	}
 }
