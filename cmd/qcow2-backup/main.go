@@ -44,6 +44,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/domain"
@@ -52,10 +53,16 @@ import (
 )
 
 func main() {
+	log, err := logging.New(logging.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "qcow2-backup:", err)
+		os.Exit(1)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx = logging.Setup(ctx, log)
 	cmd := newCommand(os.Stdout, os.Stderr)
 	cmd.SetArgs(longFlags(os.Args[1:]))
-	err := cmd.ExecuteContext(ctx)
+	err = cmd.ExecuteContext(ctx)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "qcow2-backup:", err)
