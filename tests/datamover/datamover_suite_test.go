@@ -73,6 +73,7 @@ var (
 )
 
 var _ = BeforeSuite(func(ctx context.Context) {
+	framework.SetupLogger()
 	var err error
 	s3Binary, err = s3server.Binary(ctx, testenv.RepoRoot())
 	framework.Require(err, "the S3 server build (hack/s3-server.sh)")

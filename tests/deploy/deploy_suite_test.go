@@ -34,7 +34,6 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
@@ -55,7 +54,7 @@ const crdTool = "tools/deploy-crds"
 var apiConfig *rest.Config
 
 var _ = BeforeSuite(func() {
-	ctrllog.SetLogger(GinkgoLogr)
+	framework.SetupLogger()
 	tree := testenv.KubeVirtTree()
 	_, err := os.Stat(filepath.Join(tree, "pkg", "storage", "admitters", "overlay.go"))
 	framework.Require(err, "the patched KubeVirt tree (hack/kubevirt.sh apply)")

@@ -28,12 +28,22 @@ import (
 
 	"github.com/onsi/ginkgo/v2"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
 // InCI reports whether the run is CI's, where nothing may be skipped.
 func InCI() bool {
 	return os.Getenv("CI") == "true"
+}
+
+// SetupLogger makes GinkgoLogr the logger of controller-runtime and klog,
+// so that what envtest, the API client and the controllers a suite runs
+// log goes with the spec's output (shown on failure or with -v), and
+// controller-runtime does not warn that no logger was set. A suite calls
+// it once, first in its BeforeSuite.
+func SetupLogger() {
+	logging.Setup(context.Background(), ginkgo.GinkgoLogr)
 }
 
 // Require skips the current spec when a piece of infrastructure could not

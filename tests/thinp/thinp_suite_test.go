@@ -29,6 +29,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/thinp/testbed"
 )
 
@@ -40,5 +41,6 @@ func TestThinp(t *testing.T) {
 var env *testbed.Env
 
 var _ = BeforeSuite(func(ctx context.Context) {
+	framework.SetupLogger()
 	env = testbed.StartEnv(ctx)
 }, NodeTimeout(2*time.Minute))
