@@ -36,17 +36,21 @@ Copyright The kubevirt-qcow2 Authors.
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/ociimage"
 )
 
@@ -56,23 +60,30 @@ func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
-	var err error
-	if len(os.Args) > 1 && os.Args[1] == "push" {
-		err = push(os.Args[2:])
-	} else {
-		err = build(os.Args[1:])
+	log, err := logging.New(logging.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "oci-image:", err)
+		os.Exit(1)
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx = logging.Setup(ctx, log)
+	if len(os.Args) > 1 && os.Args[1] == "push" {
+		err = push(ctx, os.Args[2:])
+	} else {
+		err = build(ctx, os.Args[1:])
+	}
+	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "oci-image:", err)
 		os.Exit(1)
 	}
 }
 
-func push(args []string) error {
+func push(ctx context.Context, args []string) error {
 	if len(args) != 2 {
 		return fmt.Errorf("usage: oci-image push LAYOUT-DIR REFERENCE")
 	}
-	digest, err := ociimage.Push(args[0], args[1])
+	digest, err := ociimage.Push(ctx, args[0], args[1])
 	if err != nil {
 		return err
 	}
@@ -80,7 +91,7 @@ func push(args []string) error {
 	return nil
 }
 
-func build(args []string) error {
+func build(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("oci-image", flag.ContinueOnError)
 	out := fs.String("out", "", "directory of the OCI image layout to write (replaced)")
 	archive := fs.String("archive", "", "also write a docker archive (docker load, kind load image-archive) to this file")
@@ -125,7 +136,7 @@ func build(args []string) error {
 		if err != nil {
 			return fmt.Errorf("--elf %q: %w", f, err)
 		}
-		withLibs, err := ociimage.WithLibraries(file.Source, file.Path, file.Mode)
+		withLibs, err := ociimage.WithLibraries(ctx, file.Source, file.Path, file.Mode)
 		if err != nil {
 			return fmt.Errorf("--elf %q: %w", f, err)
 		}
@@ -155,23 +166,23 @@ func build(args []string) error {
 		if !ok {
 			return fmt.Errorf("--platform %q: want OS/ARCH", *platform)
 		}
-		img, err := ociimage.Load(*base, v1.Platform{OS: goos, Architecture: goarch})
+		img, err := ociimage.Load(ctx, *base, v1.Platform{OS: goos, Architecture: goarch})
 		if err != nil {
 			return err
 		}
 		spec.Base = img
 	}
 
-	img, err := ociimage.Build(spec)
+	img, err := ociimage.Build(ctx, spec)
 	if err != nil {
 		return err
 	}
-	digest, err := ociimage.WriteLayout(*out, *ref, img)
+	digest, err := ociimage.WriteLayout(ctx, *out, *ref, img)
 	if err != nil {
 		return err
 	}
 	if *archive != "" {
-		if err := ociimage.WriteArchive(*archive, *ref, img); err != nil {
+		if err := ociimage.WriteArchive(ctx, *archive, *ref, img); err != nil {
 			return err
 		}
 	}

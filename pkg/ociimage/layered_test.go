@@ -175,10 +175,10 @@ var _ = Describe("Build onto a base image", func() {
 	})
 
 	DescribeTable("keeps the base's layers, format and config and adds one layer",
-		func(manifest, layer types.MediaType) {
+		func(ctx SpecContext, manifest, layer types.MediaType) {
 			base = syntheticBase(manifest)
 			spec.Base = base
-			img, err := ociimage.Build(spec)
+			img, err := ociimage.Build(ctx, spec)
 			Expect(err).ToNot(HaveOccurred())
 
 			mt, err := img.MediaType()
@@ -206,11 +206,11 @@ var _ = Describe("Build onto a base image", func() {
 		Entry("Docker base", types.DockerManifestSchema2, types.DockerLayer),
 	)
 
-	It("puts the file at its path with its mode and owner, over the base's, with no whiteout", func() {
+	It("puts the file at its path with its mode and owner, over the base's, with no whiteout", func(ctx SpecContext) {
 		helper := filepath.Join(dir, "helper")
 		Expect(os.WriteFile(helper, []byte("owned by qemu"), 0o600)).To(Succeed())
 		spec.Files = append(spec.Files, ociimage.File{Path: "/usr/share/kubevirt/helper", Source: helper, Mode: 0o750, UID: 107, GID: 107})
-		img, err := ociimage.Build(spec)
+		img, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 
 		fs := flattened(img)
@@ -255,9 +255,9 @@ var _ = Describe("Build onto a base image", func() {
 		Expect(got["usr/share/kubevirt/"].Mode).To(Equal(int64(0o755)))
 	})
 
-	It("adds back a path the base deleted", func() {
+	It("adds back a path the base deleted", func(ctx SpecContext) {
 		spec.Files = []ociimage.File{{Path: "/usr/bin/dropped", Source: launcher, Mode: 0o500}}
-		img, err := ociimage.Build(spec)
+		img, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		fs := flattened(img)
 		Expect(fs).To(HaveKey("usr/bin/dropped"))
@@ -265,11 +265,11 @@ var _ = Describe("Build onto a base image", func() {
 		Expect(fs["usr/bin/dropped"].Mode).To(Equal(int64(0o500)))
 	})
 
-	It("overrides settings only where asked, merging environment and labels", func() {
+	It("overrides settings only where asked, merging environment and labels", func(ctx SpecContext) {
 		spec.User = "0"
 		spec.Env = []string{"LIBVIRT_DEBUG=1", "QCOW2=on"}
 		spec.Labels = map[string]string{"release": "v1.7.0-qcow2"}
-		img, err := ociimage.Build(spec)
+		img, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		cfg, err := img.ConfigFile()
 		Expect(err).ToNot(HaveOccurred())
@@ -279,30 +279,30 @@ var _ = Describe("Build onto a base image", func() {
 		Expect(cfg.Config.Labels).To(Equal(map[string]string{"org.opencontainers.image.source": "upstream", "release": "v1.7.0-qcow2"}))
 	})
 
-	It("gives the same digest for the same inputs and another for another binary or base", func() {
-		a, err := ociimage.Build(spec)
+	It("gives the same digest for the same inputs and another for another binary or base", func(ctx SpecContext) {
+		a, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(os.Chtimes(launcher, time.Now(), time.Now().Add(-time.Hour))).To(Succeed())
 		spec.Base = syntheticBase(types.OCIManifestSchema1)
-		b, err := ociimage.Build(spec)
+		b, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(digestOf(b)).To(Equal(digestOf(a)))
 
 		Expect(os.WriteFile(launcher, []byte("\x7fELF patched launcher, rebuilt"), 0o700)).To(Succeed())
-		c, err := ociimage.Build(spec)
+		c, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(digestOf(c)).ToNot(Equal(digestOf(a)))
 
 		spec.Base = syntheticBase(types.DockerManifestSchema2)
-		d, err := ociimage.Build(spec)
+		d, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(digestOf(d)).ToNot(Equal(digestOf(c)))
 	})
 
 	DescribeTable("refuses to write over what is not a regular file in the base",
-		func(path, message string) {
+		func(ctx SpecContext, path, message string) {
 			spec.Files = []ociimage.File{{Path: path, Source: launcher}}
-			_, err := ociimage.Build(spec)
+			_, err := ociimage.Build(ctx, spec)
 			Expect(err).To(MatchError(ContainSubstring(message)))
 		},
 		Entry("a directory", "/usr/bin", "image path /usr/bin is a directory in the base image"),
@@ -319,43 +319,43 @@ var _ = Describe("Load, WriteArchive and Push", func() {
 		base = syntheticBase(types.DockerManifestSchema2)
 	})
 
-	It("reads a base back from an OCI layout and a docker archive", func() {
+	It("reads a base back from an OCI layout and a docker archive", func(ctx SpecContext) {
 		dir := GinkgoT().TempDir()
 		want := digestOf(base)
-		_, err := ociimage.WriteLayout(filepath.Join(dir, "layout"), "upstream/virt-launcher:v1.7.0", base)
+		_, err := ociimage.WriteLayout(ctx, filepath.Join(dir, "layout"), "upstream/virt-launcher:v1.7.0", base)
 		Expect(err).ToNot(HaveOccurred())
-		Expect(ociimage.WriteArchive(filepath.Join(dir, "base.tar"), "upstream/virt-launcher:v1.7.0", base)).To(Succeed())
+		Expect(ociimage.WriteArchive(ctx, filepath.Join(dir, "base.tar"), "upstream/virt-launcher:v1.7.0", base)).To(Succeed())
 
 		for _, source := range []string{"oci:" + filepath.Join(dir, "layout"), "docker-archive:" + filepath.Join(dir, "base.tar")} {
-			img, err := ociimage.Load(source, ociimage.DefaultPlatform)
+			img, err := ociimage.Load(ctx, source, ociimage.DefaultPlatform)
 			Expect(err).ToNot(HaveOccurred(), source)
 			Expect(digestOf(img)).To(Equal(want), source)
 		}
-		_, err = ociimage.Load("oci:"+filepath.Join(dir, "missing"), ociimage.DefaultPlatform)
+		_, err = ociimage.Load(ctx, "oci:"+filepath.Join(dir, "missing"), ociimage.DefaultPlatform)
 		Expect(err).To(MatchError(ContainSubstring("load image oci:" + filepath.Join(dir, "missing"))))
 	})
 
-	It("pushes a layout to a registry and layers onto the pulled image", func() {
+	It("pushes a layout to a registry and layers onto the pulled image", func(ctx SpecContext) {
 		srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 		DeferCleanup(srv.Close)
 		u, err := url.Parse(srv.URL)
 		Expect(err).ToNot(HaveOccurred())
 		dir := GinkgoT().TempDir()
-		_, err = ociimage.WriteLayout(filepath.Join(dir, "base"), "", base)
+		_, err = ociimage.WriteLayout(ctx, filepath.Join(dir, "base"), "", base)
 		Expect(err).ToNot(HaveOccurred())
 		ref := u.Host + "/kubevirt/virt-launcher:v1.7.0"
-		pushed, err := ociimage.Push(filepath.Join(dir, "base"), ref)
+		pushed, err := ociimage.Push(ctx, filepath.Join(dir, "base"), ref)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(pushed).To(Equal(digestOf(base)))
 
-		pulled, err := ociimage.Load(ref, ociimage.DefaultPlatform)
+		pulled, err := ociimage.Load(ctx, ref, ociimage.DefaultPlatform)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(digestOf(pulled)).To(Equal(digestOf(base)))
 		bin := filepath.Join(dir, "virt-launcher")
 		Expect(os.WriteFile(bin, []byte("patched"), 0o755)).To(Succeed())
-		fromRegistry, err := ociimage.Build(ociimage.Spec{Base: pulled, Files: []ociimage.File{{Path: "/usr/bin/virt-launcher", Source: bin, Mode: 0o555}}})
+		fromRegistry, err := ociimage.Build(ctx, ociimage.Spec{Base: pulled, Files: []ociimage.File{{Path: "/usr/bin/virt-launcher", Source: bin, Mode: 0o555}}})
 		Expect(err).ToNot(HaveOccurred())
-		fromMemory, err := ociimage.Build(ociimage.Spec{Base: base, Files: []ociimage.File{{Path: "/usr/bin/virt-launcher", Source: bin, Mode: 0o555}}})
+		fromMemory, err := ociimage.Build(ctx, ociimage.Spec{Base: base, Files: []ociimage.File{{Path: "/usr/bin/virt-launcher", Source: bin, Mode: 0o555}}})
 		Expect(err).ToNot(HaveOccurred())
 		Expect(digestOf(fromRegistry)).To(Equal(digestOf(fromMemory)))
 	})

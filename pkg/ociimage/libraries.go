@@ -20,6 +20,7 @@ package ociimage
 
 import (
 	"bytes"
+	"context"
 	"debug/elf"
 	"fmt"
 	"os"
@@ -32,8 +33,8 @@ import (
 // at imagePath, plus the shared libraries and the program interpreter it
 // loads on this machine, each at the path where the loader finds it here.
 // The binary then runs in an image from scratch. A static binary comes
-// alone.
-func WithLibraries(source, imagePath string, mode os.FileMode) ([]File, error) {
+// alone. ctx bounds the ldd that lists the libraries.
+func WithLibraries(ctx context.Context, source, imagePath string, mode os.FileMode) ([]File, error) {
 	files := []File{{Source: source, Path: imagePath, Mode: mode}}
 	interp, err := Interpreter(source)
 	if err != nil {
@@ -44,7 +45,7 @@ func WithLibraries(source, imagePath string, mode os.FileMode) ([]File, error) {
 	}
 	files = append(files, File{Source: interp, Path: interp, Mode: 0o755})
 	var stderr bytes.Buffer
-	cmd := exec.Command("ldd", source)
+	cmd := exec.CommandContext(ctx, "ldd", source)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {

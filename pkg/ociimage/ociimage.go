@@ -27,6 +27,7 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -95,8 +96,9 @@ type Spec struct {
 
 const createdBy = "kubevirt-qcow2 ociimage"
 
-// Build assembles the image.
-func Build(spec Spec) (v1.Image, error) {
+// Build assembles the image. It reads the files, the tree and the base's
+// layers as it goes, and stops between two of them when ctx ends.
+func Build(ctx context.Context, spec Spec) (v1.Image, error) {
 	base, cfg, err := startFrom(spec.Base)
 	if err != nil {
 		return nil, fmt.Errorf("build image: base: %w", err)
@@ -108,7 +110,7 @@ func Build(spec Spec) (v1.Image, error) {
 	created = created.UTC()
 
 	if spec.Tree != "" {
-		treeTar, err := tarTree(spec.Tree, created)
+		treeTar, err := tarTree(ctx, spec.Tree, created)
 		if err != nil {
 			return nil, fmt.Errorf("build image: %w", err)
 		}
@@ -118,13 +120,13 @@ func Build(spec Spec) (v1.Image, error) {
 	}
 	var lower map[string]*tar.Header
 	if spec.Base != nil || spec.Tree != "" {
-		if lower, err = fileSystem(base); err != nil {
+		if lower, err = fileSystem(withContext(ctx, base)); err != nil {
 			return nil, fmt.Errorf("build image: read base: %w", err)
 		}
 	}
 	img := base
 	if len(spec.Files) > 0 || spec.Tree == "" {
-		layerTar, err := tarFiles(spec.Files, lower, created)
+		layerTar, err := tarFiles(ctx, spec.Files, lower, created)
 		if err != nil {
 			return nil, fmt.Errorf("build image: %w", err)
 		}
@@ -233,7 +235,7 @@ func applySettings(c *v1.Config, spec Spec) {
 // the base's file at its path; the base's directories and symbolic links
 // are refused as targets or parents, since writing over them would drop or
 // redirect what the base holds there.
-func tarFiles(files []File, lower map[string]*tar.Header, mtime time.Time) ([]byte, error) {
+func tarFiles(ctx context.Context, files []File, lower map[string]*tar.Header, mtime time.Time) ([]byte, error) {
 	type entry struct {
 		name string
 		file *File
@@ -269,6 +271,9 @@ func tarFiles(files []File, lower map[string]*tar.Header, mtime time.Time) ([]by
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, n := range names {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		e := entries[n]
 		hdr := &tar.Header{Name: n, ModTime: mtime, Format: tar.FormatPAX}
 		if e.file == nil {
@@ -315,11 +320,14 @@ func tarFiles(files []File, lower map[string]*tar.Header, mtime time.Time) ([]by
 // regular files and symbolic links with their modes (set-id bits included),
 // owned by root, timestamps set to mtime. Hard links become copies; any
 // other kind of file is refused, since an image never needs one.
-func tarTree(dir string, mtime time.Time) ([]byte, error) {
+func tarTree(ctx context.Context, dir string, mtime time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || p == dir {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
 			return err
 		}
 		info, err := d.Info()

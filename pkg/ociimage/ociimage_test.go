@@ -59,11 +59,11 @@ var _ = Describe("Build", func() {
 		}
 	})
 
-	It("builds the same digest from the same files, whatever their timestamps", func() {
-		a, err := ociimage.Build(spec)
+	It("builds the same digest from the same files, whatever their timestamps", func(ctx SpecContext) {
+		a, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(os.Chtimes(bin, time.Now(), time.Now().Add(-time.Hour))).To(Succeed())
-		b, err := ociimage.Build(spec)
+		b, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		da, err := a.Digest()
 		Expect(err).ToNot(HaveOccurred())
@@ -72,15 +72,15 @@ var _ = Describe("Build", func() {
 		Expect(da).To(Equal(db))
 
 		Expect(os.WriteFile(bin, []byte("\x7fELF another binary"), 0o700)).To(Succeed())
-		c, err := ociimage.Build(spec)
+		c, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		dc, err := c.Digest()
 		Expect(err).ToNot(HaveOccurred())
 		Expect(dc).ToNot(Equal(da))
 	})
 
-	It("holds the files with their parents, owned by root, and the config", func() {
-		img, err := ociimage.Build(spec)
+	It("holds the files with their parents, owned by root, and the config", func(ctx SpecContext) {
+		img, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		mt, err := img.MediaType()
 		Expect(err).ToNot(HaveOccurred())
@@ -125,16 +125,16 @@ var _ = Describe("Build", func() {
 		Expect(names).To(Equal([]string{"usr/", "usr/bin/", "usr/bin/overlay-hook"}))
 	})
 
-	It("writes an OCI layout that reads back with the tag", func() {
-		img, err := ociimage.Build(spec)
+	It("writes an OCI layout that reads back with the tag", func(ctx SpecContext) {
+		img, err := ociimage.Build(ctx, spec)
 		Expect(err).ToNot(HaveOccurred())
 		out := filepath.Join(dir, "layout")
-		digest, err := ociimage.WriteLayout(out, "kubevirt-qcow2/overlay-hook:dev", img)
+		digest, err := ociimage.WriteLayout(ctx, out, "kubevirt-qcow2/overlay-hook:dev", img)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(filepath.Join(out, "oci-layout")).To(BeAnExistingFile())
 
 		// Writing again replaces the layout with an identical one.
-		digest2, err := ociimage.WriteLayout(out, "kubevirt-qcow2/overlay-hook:dev", img)
+		digest2, err := ociimage.WriteLayout(ctx, out, "kubevirt-qcow2/overlay-hook:dev", img)
 		Expect(err).ToNot(HaveOccurred())
 		Expect(digest2).To(Equal(digest))
 
@@ -153,8 +153,8 @@ var _ = Describe("Build", func() {
 	})
 
 	DescribeTable("refuses bad file lists",
-		func(files []ociimage.File, message string) {
-			_, err := ociimage.Build(ociimage.Spec{Files: files})
+		func(ctx SpecContext, files []ociimage.File, message string) {
+			_, err := ociimage.Build(ctx, ociimage.Spec{Files: files})
 			Expect(err).To(MatchError(ContainSubstring(message)))
 		},
 		Entry("a relative path", []ociimage.File{{Path: "bin/x", Source: "/dev/null"}}, `"bin/x" is not a clean absolute file path`),
@@ -166,7 +166,7 @@ var _ = Describe("Build", func() {
 })
 
 var _ = Describe("Build with a tree", func() {
-	It("makes the tree one root-owned layer under the files, modes and links kept", func() {
+	It("makes the tree one root-owned layer under the files, modes and links kept", func(ctx SpecContext) {
 		tree := GinkgoT().TempDir()
 		Expect(os.MkdirAll(filepath.Join(tree, "usr/bin"), 0o755)).To(Succeed())
 		Expect(os.WriteFile(filepath.Join(tree, "usr/bin/tool"), []byte("tool"), 0o755)).To(Succeed())
@@ -175,7 +175,7 @@ var _ = Describe("Build with a tree", func() {
 		bin := filepath.Join(GinkgoT().TempDir(), "extra")
 		Expect(os.WriteFile(bin, []byte("extra"), 0o600)).To(Succeed())
 
-		img, err := ociimage.Build(ociimage.Spec{Tree: tree, Files: []ociimage.File{{Path: "/usr/bin/extra", Source: bin, Mode: 0o555}}})
+		img, err := ociimage.Build(ctx, ociimage.Spec{Tree: tree, Files: []ociimage.File{{Path: "/usr/bin/extra", Source: bin, Mode: 0o555}}})
 		Expect(err).ToNot(HaveOccurred())
 		layers, err := img.Layers()
 		Expect(err).ToNot(HaveOccurred())
@@ -189,15 +189,15 @@ var _ = Describe("Build with a tree", func() {
 
 		// The same tree with other timestamps gives the same image.
 		Expect(os.Chtimes(filepath.Join(tree, "usr/bin/tool"), time.Now(), time.Now().Add(-time.Hour))).To(Succeed())
-		again, err := ociimage.Build(ociimage.Spec{Tree: tree, Files: []ociimage.File{{Path: "/usr/bin/extra", Source: bin, Mode: 0o555}}})
+		again, err := ociimage.Build(ctx, ociimage.Spec{Tree: tree, Files: []ociimage.File{{Path: "/usr/bin/extra", Source: bin, Mode: 0o555}}})
 		Expect(err).ToNot(HaveOccurred())
 		Expect(digestOf(again)).To(Equal(digestOf(img)))
 	})
 
-	It("gives a file the capabilities asked for, as the kernel reads them", func() {
+	It("gives a file the capabilities asked for, as the kernel reads them", func(ctx SpecContext) {
 		bin := filepath.Join(GinkgoT().TempDir(), "monitor")
 		Expect(os.WriteFile(bin, []byte("monitor"), 0o755)).To(Succeed())
-		img, err := ociimage.Build(ociimage.Spec{Files: []ociimage.File{
+		img, err := ociimage.Build(ctx, ociimage.Spec{Files: []ociimage.File{
 			{Path: "/usr/bin/monitor", Source: bin, Mode: 0o555, Capabilities: []int{10}},
 		}})
 		Expect(err).ToNot(HaveOccurred())
@@ -218,10 +218,10 @@ var _ = Describe("Build with a tree", func() {
 		}
 	})
 
-	It("refuses a special file in the tree, naming it", func() {
+	It("refuses a special file in the tree, naming it", func(ctx SpecContext) {
 		tree := GinkgoT().TempDir()
 		Expect(syscall.Mkfifo(filepath.Join(tree, "fifo"), 0o644)).To(Succeed())
-		_, err := ociimage.Build(ociimage.Spec{Tree: tree})
+		_, err := ociimage.Build(ctx, ociimage.Spec{Tree: tree})
 		Expect(err).To(MatchError(ContainSubstring("fifo is p")))
 	})
 })

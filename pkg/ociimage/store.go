@@ -19,6 +19,7 @@ Copyright The kubevirt-qcow2 Authors.
 package ociimage
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -49,8 +50,13 @@ var DefaultPlatform = v1.Platform{OS: "linux", Architecture: "amd64"}
 // only image, or the one for platform), "docker-archive:FILE" (a tarball
 // as `docker save` writes it) or a registry reference, resolved for
 // platform when it names an index. Registry credentials come from the
-// Docker config, as `docker login` leaves them.
-func Load(source string, platform v1.Platform) (v1.Image, error) {
+// Docker config, as `docker login` leaves them. The image reads its layers
+// when they are used, later; from a registry, those reads end with ctx
+// too.
+func Load(ctx context.Context, source string, platform v1.Platform) (v1.Image, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("load image %s: %w", source, err)
+	}
 	switch {
 	case strings.HasPrefix(source, SourceLayout):
 		img, err := fromLayout(strings.TrimPrefix(source, SourceLayout), platform)
@@ -69,7 +75,7 @@ func Load(source string, platform v1.Platform) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load image %s: %w", source, err)
 	}
-	img, err := remote.Image(ref, remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithPlatform(platform))
+	img, err := remote.Image(ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithPlatform(platform))
 	if err != nil {
 		return nil, fmt.Errorf("load image %s: %w", source, err)
 	}
@@ -112,8 +118,12 @@ func pickImage(idx v1.ImageIndex, platform v1.Platform) (v1.Image, error) {
 
 // WriteLayout writes img as the only image of a fresh OCI image layout in
 // dir, tagged ref (annotation org.opencontainers.image.ref.name). An
-// existing layout in dir is replaced.
-func WriteLayout(dir, ref string, img v1.Image) (v1.Hash, error) {
+// existing layout in dir is replaced. When ctx ends, the layer being
+// written stops and WriteLayout fails, leaving a partial layout.
+func WriteLayout(ctx context.Context, dir, ref string, img v1.Image) (v1.Hash, error) {
+	if err := ctx.Err(); err != nil {
+		return v1.Hash{}, fmt.Errorf("write layout %s: %w", dir, err)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		return v1.Hash{}, fmt.Errorf("write layout %s: %w", dir, err)
 	}
@@ -125,7 +135,7 @@ func WriteLayout(dir, ref string, img v1.Image) (v1.Hash, error) {
 	if ref != "" {
 		opts = append(opts, layout.WithAnnotations(map[string]string{refAnnotation: ref}))
 	}
-	if err := p.AppendImage(img, opts...); err != nil {
+	if err := p.AppendImage(withContext(ctx, img), opts...); err != nil {
 		return v1.Hash{}, fmt.Errorf("write layout %s: %w", dir, err)
 	}
 	digest, err := img.Digest()
@@ -136,21 +146,29 @@ func WriteLayout(dir, ref string, img v1.Image) (v1.Hash, error) {
 }
 
 // WriteArchive writes img as a docker archive (`docker load`, `kind load
-// image-archive`) tagged ref.
-func WriteArchive(file, ref string, img v1.Image) error {
+// image-archive`) tagged ref. When ctx ends, the layer being written stops
+// and WriteArchive fails, leaving a partial file.
+func WriteArchive(ctx context.Context, file, ref string, img v1.Image) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("write archive %s: %w", file, err)
+	}
 	tag, err := name.NewTag(ref)
 	if err != nil {
 		return fmt.Errorf("write archive %s: %w", file, err)
 	}
-	if err := tarball.WriteToFile(file, tag, img); err != nil {
+	if err := tarball.WriteToFile(file, tag, withContext(ctx, img)); err != nil {
 		return fmt.Errorf("write archive %s: %w", file, err)
 	}
 	return nil
 }
 
 // Push copies the image of an OCI image layout to a registry reference,
-// with the credentials of the Docker config, and returns its digest.
-func Push(dir, to string) (v1.Hash, error) {
+// with the credentials of the Docker config, and returns its digest. It
+// stops when ctx ends.
+func Push(ctx context.Context, dir, to string) (v1.Hash, error) {
+	if err := ctx.Err(); err != nil {
+		return v1.Hash{}, fmt.Errorf("push %s: %w", dir, err)
+	}
 	img, err := fromLayout(dir, DefaultPlatform)
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("push %s: %w", dir, err)
@@ -159,7 +177,7 @@ func Push(dir, to string) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, fmt.Errorf("push %s: %w", dir, err)
 	}
-	if err := remote.Write(ref, img, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+	if err := remote.Write(ref, img, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
 		return v1.Hash{}, fmt.Errorf("push %s to %s: %w", dir, to, err)
 	}
 	return img.Digest()

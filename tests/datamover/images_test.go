@@ -81,7 +81,7 @@ var _ = Describe("the datamover's images", func() {
 			// plugins directory, where it runs in Velero's container.
 			"velero-plugin": {"65532", []string{plugin, "install", "/target"}, false},
 		} {
-			img, err := ociimage.Load(ociimage.SourceLayout+filepath.Join(out, "images", name), v1.Platform{OS: "linux"})
+			img, err := ociimage.Load(ctx, ociimage.SourceLayout+filepath.Join(out, "images", name), v1.Platform{OS: "linux"})
 			Expect(err).NotTo(HaveOccurred())
 			cfg, err := img.ConfigFile()
 			Expect(err).NotTo(HaveOccurred())

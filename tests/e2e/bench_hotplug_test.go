@@ -44,7 +44,7 @@ var _ = Describe("virtctl addvolume to Ready", Label("bench"), Ordered, func() {
 	BeforeAll(func(ctx SpecContext) {
 		patchKubeVirtConfig(ctx, `[{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HotplugVolumes"},`+
 			`{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HotplugContainerDisk"}]`)
-		archive, _ := toolsArchive(GinkgoT().TempDir())
+		archive, _ := toolsArchive(ctx, GinkgoT().TempDir())
 		Expect(run(ctx, clusterScript, "import", archive)).To(Succeed())
 		goldenFilesystem(ctx, "bench-hotplug-golden")
 		blockClaim(ctx, claim, 16<<20)

@@ -44,16 +44,16 @@ const (
 
 // toolsArchive builds the image as a docker archive and returns it with
 // the SHA-256 of its disk.
-func toolsArchive(dir string) (archive, digest string) {
+func toolsArchive(ctx context.Context, dir string) (archive, digest string) {
 	disk := filepath.Join(dir, "tools.img")
 	content := bytes.Repeat([]byte("kubevirt-qcow2 hotplugged containerDisk\n"), 1<<16)
 	Expect(os.WriteFile(disk, content, 0o644)).To(Succeed())
-	img, err := ociimage.Build(ociimage.Spec{Files: []ociimage.File{
+	img, err := ociimage.Build(ctx, ociimage.Spec{Files: []ociimage.File{
 		{Path: "/disk/tools.img", Source: disk, Mode: 0o440, UID: 107, GID: 107},
 	}})
 	Expect(err).ToNot(HaveOccurred())
 	archive = filepath.Join(dir, "tools-disk.tar")
-	Expect(ociimage.WriteArchive(archive, toolsImage, img)).To(Succeed())
+	Expect(ociimage.WriteArchive(ctx, archive, toolsImage, img)).To(Succeed())
 	sum := sha256.Sum256(content)
 	return archive, hex.EncodeToString(sum[:])
 }
@@ -177,7 +177,7 @@ var _ = Describe("containerDisk hotplug with virtctl", Ordered, func() {
 		patchKubeVirtConfig(ctx, `[{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HotplugVolumes"},`+
 			`{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HotplugContainerDisk"}]`)
 		var archive string
-		archive, diskDigest = toolsArchive(GinkgoT().TempDir())
+		archive, diskDigest = toolsArchive(ctx, GinkgoT().TempDir())
 		Expect(run(ctx, clusterScript, "import", archive)).To(Succeed())
 
 		goldenFilesystem(ctx, "hotplug-golden")
@@ -314,7 +314,7 @@ var _ = Describe("containerDisk hotplug under faults", Ordered, func() {
 	BeforeAll(func(ctx SpecContext) {
 		patchKubeVirtConfig(ctx, `[{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HotplugVolumes"},`+
 			`{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"HotplugContainerDisk"}]`)
-		archive, _ := toolsArchive(GinkgoT().TempDir())
+		archive, _ := toolsArchive(ctx, GinkgoT().TempDir())
 		Expect(run(ctx, clusterScript, "import", archive)).To(Succeed())
 		goldenFilesystem(ctx, "faults-golden")
 		blockClaim(ctx, claim, 16<<20)
