@@ -40,9 +40,9 @@ import (
 var _ = Describe("envtest API server", Ordered, func() {
 	var server *apiserver.Server
 
-	BeforeAll(func() {
+	BeforeAll(func(ctx SpecContext) {
 		var err error
-		server, err = apiserver.Start(filepath.Join("testdata", "widgets.yaml"))
+		server, err = apiserver.Start(ctx, filepath.Join("testdata", "widgets.yaml"))
 		framework.Require(err, "kube-apiserver and etcd")
 		DeferCleanup(server.Stop)
 	})

@@ -81,7 +81,7 @@ var _ = BeforeSuite(func(ctx context.Context) {
 	framework.Require(err, "qemu-img")
 
 	veleroCRDs := veleroCRDPaths(ctx)
-	api, err := apiserver.Start(append(veleroCRDs, "testdata")...)
+	api, err := apiserver.Start(ctx, append(veleroCRDs, "testdata")...)
 	framework.Require(err, "kube-apiserver and etcd (envtest)")
 	DeferCleanup(api.Stop)
 	kubeconfig = api.Env.KubeConfig

@@ -53,7 +53,7 @@ const crdTool = "tools/deploy-crds"
 
 var apiConfig *rest.Config
 
-var _ = BeforeSuite(func() {
+var _ = BeforeSuite(func(ctx SpecContext) {
 	framework.SetupLogger()
 	tree := testenv.KubeVirtTree()
 	_, err := os.Stat(filepath.Join(tree, "pkg", "storage", "admitters", "overlay.go"))
@@ -72,7 +72,7 @@ var _ = BeforeSuite(func() {
 	backupCRDs, err := filepath.Glob(filepath.Join("..", "datamover", "testdata", "backup.kubevirt.io_*.yaml"))
 	Expect(err).ToNot(HaveOccurred())
 	Expect(backupCRDs).To(HaveLen(2))
-	server, err := apiserver.Start(append(crds, backupCRDs...)...)
+	server, err := apiserver.Start(ctx, append(crds, backupCRDs...)...)
 	framework.Require(err, "kube-apiserver and etcd")
 	DeferCleanup(server.Stop)
 	apiConfig = server.Config

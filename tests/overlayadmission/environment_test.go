@@ -78,7 +78,7 @@ var (
 
 var client dynamic.Interface
 
-var _ = BeforeSuite(func() {
+var _ = BeforeSuite(func(ctx SpecContext) {
 	framework.SetupLogger()
 	tree := testenv.KubeVirtTree()
 	_, err := os.Stat(filepath.Join(tree, "pkg", "storage", "admitters", "overlay.go"))
@@ -90,7 +90,7 @@ var _ = BeforeSuite(func() {
 	crdDir := filepath.Join(work, "crds")
 	run(filepath.Join(bin, "crds"), "--out", crdDir)
 
-	server, err := apiserver.Start(crdDir)
+	server, err := apiserver.Start(ctx, crdDir)
 	framework.Require(err, "kube-apiserver and etcd")
 	DeferCleanup(server.Stop)
 

@@ -47,8 +47,8 @@ var _ = Describe("PVCExtender against kube-apiserver", Ordered, func() {
 	const ns = "default"
 	var client kubernetes.Interface
 
-	BeforeAll(func() {
-		server, err := apiserver.Start()
+	BeforeAll(func(ctx SpecContext) {
+		server, err := apiserver.Start(ctx)
 		framework.Require(err, "kube-apiserver and etcd")
 		DeferCleanup(server.Stop)
 		client, err = kubernetes.NewForConfig(server.Config)

@@ -23,6 +23,7 @@ package apiserver
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -44,11 +45,15 @@ type Server struct {
 
 // Start starts kube-apiserver and etcd with the CRDs found in
 // crdPaths (files or directories of YAML) installed. Stop it with Stop,
-// typically in DeferCleanup.
-func Start(crdPaths ...string) (*Server, error) {
-	assets, err := envtestAssets()
+// typically in DeferCleanup. ctx bounds the build of the binaries on
+// first use; envtest's start itself takes no context.
+func Start(ctx context.Context, crdPaths ...string) (*Server, error) {
+	assets, err := envtestAssets(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("start kube-apiserver and etcd: %w", err)
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
@@ -73,11 +78,11 @@ func (s *Server) Stop() error {
 // envtestAssets is the directory holding kube-apiserver and etcd:
 // KUBEBUILDER_ASSETS when set (make sets it), else what
 // hack/envtest-assets.sh provides, building it on first use.
-func envtestAssets() (string, error) {
+func envtestAssets(ctx context.Context) (string, error) {
 	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
 		return dir, nil
 	}
-	cmd := exec.Command(filepath.Join(testenv.RepoRoot(), "hack", "envtest-assets.sh"))
+	cmd := exec.CommandContext(ctx, filepath.Join(testenv.RepoRoot(), "hack", "envtest-assets.sh"))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
