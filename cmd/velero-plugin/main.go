@@ -29,6 +29,7 @@ Copyright The kubevirt-qcow2 Authors.
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -41,6 +42,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging/logrusr"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/veleroplugin"
 )
@@ -67,21 +70,21 @@ func main() {
 	framework.NewServer().
 		BindFlags(pflag.CommandLine).
 		RegisterBackupItemActionV2(veleroplugin.BackupActionName, func(log logrus.FieldLogger) (any, error) {
-			cl, err := c.get()
+			cl, err := c.get(log)
 			if err != nil {
 				return nil, err
 			}
 			return veleroplugin.NewBackupAction(cl, log), nil
 		}).
 		RegisterRestoreItemActionV2(veleroplugin.RestoreActionName, func(log logrus.FieldLogger) (any, error) {
-			cl, err := c.get()
+			cl, err := c.get(log)
 			if err != nil {
 				return nil, err
 			}
 			return veleroplugin.NewRestoreAction(cl, log), nil
 		}).
 		RegisterDeleteItemAction(veleroplugin.DeleteActionName, func(log logrus.FieldLogger) (any, error) {
-			cl, err := c.get()
+			cl, err := c.get(log)
 			if err != nil {
 				return nil, err
 			}
@@ -91,15 +94,19 @@ func main() {
 }
 
 // lazyClient is the actions' client, made when Velero first asks for an
-// action: listing the plugins needs none.
+// action: listing the plugins needs none. The first action's logger is the
+// plugin server's, which Velero's log receives: it becomes the logger of
+// controller-runtime and klog, through which the client logs, before the
+// client exists.
 type lazyClient struct {
 	once sync.Once
 	c    client.Client
 	err  error
 }
 
-func (l *lazyClient) get() (client.Client, error) {
+func (l *lazyClient) get(log logrus.FieldLogger) (client.Client, error) {
 	l.once.Do(func() {
+		logging.Setup(context.Background(), logrusr.New(log))
 		cfg, err := config.GetConfig()
 		if err != nil {
 			l.err = fmt.Errorf("kubernetes client configuration: %w", err)
