@@ -43,8 +43,13 @@ import (
 )
 
 const (
-	terminationLog   = "/dev/termination-log"
-	progressInterval = 5 * time.Second
+	// defaultTerminationLog is where Kubernetes reads a container's
+	// termination message unless its terminationMessagePath says
+	// otherwise; $DATAMOVER_TERMINATION_LOG moves it, for a run outside
+	// a pod (a benchmark) that must not create it in the host's /dev.
+	defaultTerminationLog = "/dev/termination-log"
+	envTerminationLog     = "DATAMOVER_TERMINATION_LOG"
+	progressInterval      = 5 * time.Second
 )
 
 func main() {
@@ -61,6 +66,10 @@ func main() {
 		msg = err.Error()
 	}
 	fmt.Println(msg)
+	terminationLog := defaultTerminationLog
+	if p := os.Getenv(envTerminationLog); p != "" {
+		terminationLog = p
+	}
 	if werr := os.WriteFile(terminationLog, []byte(msg), 0o644); werr != nil && !errors.Is(werr, os.ErrNotExist) {
 		log.Error(werr, "write the termination message", "file", terminationLog)
 	}
