@@ -175,6 +175,9 @@ func (s *Server) Stop() error {
 	return nil
 }
 
+// Pid is the server process's id, for reading what it used (/proc/<pid>).
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
 // WriteCredentials writes the server's keys as an AWS credentials file,
 // as Velero's credentials secret holds them, and returns its path.
 func (s *Server) WriteCredentials(dir string) (string, error) {
