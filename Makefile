@@ -121,7 +121,7 @@ test-upstream:
 bench: bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug bench-e2e
 
 bench-backup:
-	$(GO) test -tags bench -count=1 -timeout 40m -run 'TestBackupDataPath|TestChild' -v ./tests/backup/bench
+	$(GO) test -tags bench -count=1 -timeout 40m -run 'TestBackupDataPath|TestSideBySide|TestChild' -v ./tests/backup/bench
 
 bench-thinp:
 	$(GO) test -tags bench -count=1 -timeout 40m -v ./tests/thinp/bench
