@@ -35,11 +35,12 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 )
 
-// Defaults for multipart transfers: four 16 MiB parts in flight keep an
-// upload's buffers at 64 MiB whatever the object's size.
+// Defaults for multipart transfers: two 8 MiB parts in flight keep an
+// upload's buffers at 16 MiB whatever the object's size, and the mover
+// pod, whose binary alone takes some 34 MiB, under 64 MiB.
 const (
-	DefaultPartSize        = 16 << 20
-	DefaultPartConcurrency = 4
+	DefaultPartSize        = 8 << 20
+	DefaultPartConcurrency = 2
 	defaultRegion          = "us-east-1"
 )
 
@@ -50,6 +51,9 @@ type S3 struct {
 	prefix      string
 	partSize    int64
 	concurrency int
+	// buffers holds the part buffers of uploads, PartSize times
+	// PartConcurrency bytes at most, shared by the stores At returns.
+	buffers *bufferPool
 }
 
 // NewS3 connects to the bucket cfg names; its keys are relative to
@@ -119,6 +123,7 @@ func NewS3(cfg Config) (*S3, error) {
 	if s.concurrency <= 0 {
 		s.concurrency = DefaultPartConcurrency
 	}
+	s.buffers = newBufferPool(s.partSize * int64(s.concurrency))
 	return s, nil
 }
 
@@ -283,15 +288,18 @@ func (s *S3) Stat(ctx context.Context, key string) (ObjectInfo, error) {
 	return s.info(st), nil
 }
 
-// Put implements Store. Objects larger than a part are sent as a multipart
-// upload with PartConcurrency buffers of PartSize.
+// Put implements Store. An object larger than a part, or of unknown size,
+// is a multipart upload whose part buffers are reused from a pool of
+// PartConcurrency buffers of PartSize (putMultipart); a smaller one, or a
+// conditional write, is one PUT streamed from r.
 func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64, opts PutOptions) (ObjectInfo, error) {
-	po := minio.PutObjectOptions{
-		ContentType:           opts.ContentType,
-		PartSize:              uint64(s.partSize),
-		NumThreads:            uint(s.concurrency),
-		ConcurrentStreamParts: s.concurrency > 1,
+	if opts.Condition == (Condition{}) && (size < 0 || size > s.partSize) {
+		return s.putMultipart(ctx, key, r, size, opts)
 	}
+	if size < 0 {
+		return ObjectInfo{}, fmt.Errorf("s3: put %s: a conditional write needs the size", key)
+	}
+	po := minio.PutObjectOptions{ContentType: opts.ContentType, DisableMultipart: true}
 	if po.ContentType == "" {
 		po.ContentType = "application/octet-stream"
 	}
