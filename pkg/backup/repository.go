@@ -55,6 +55,9 @@ type Repository struct {
 	// RetryDelay is the first pause between attempts, doubled for each
 	// later one; zero means 1 s.
 	RetryDelay time.Duration
+	// ProgressInterval is how often a transfer reports its progress;
+	// zero means DefaultProgressInterval.
+	ProgressInterval time.Duration
 	// Legacy, when set, is a store where earlier releases kept backups
 	// (catalog.LegacyRoot). ResolveChain and Restore read a backup there
 	// when Store does not hold it; nothing is written there.

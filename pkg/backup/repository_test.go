@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -198,6 +199,47 @@ var _ = Describe("backup and restore", func() {
 		f.store.MaxBrokenReads = 3
 		f.expectRestored("b3")
 		Expect(f.store.BrokenReads).To(Equal(3))
+	})
+
+	It("reports progress from a ticker, not from the data path, and always the final count", func() {
+		type report struct{ done, total int64 }
+		var (
+			mu      sync.Mutex
+			reports = map[string][]report{}
+		)
+		progress := func(object string, done, total int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			reports[object] = append(reports[object], report{done, total})
+		}
+		// A ticker that never ticks during the transfers: a report per
+		// read would show as more than one per object.
+		f.repo.ProgressInterval = time.Hour
+		Expect(f.hv.Write(f.ctx, 0, 8*mib, 0x11)).To(Succeed())
+		res, err := f.repo.BackupVM(f.ctx, vm, f.hv, backup.BackupOptions{Backup: "b1", Checkpoint: "cp-b1", WorkDir: f.dir, Progress: progress})
+		Expect(err).NotTo(HaveOccurred())
+		size := res.Checkpoint.Files[0].Size
+		Expect(reports).To(Equal(map[string][]report{diskKey("b1"): {{size, size}}}))
+
+		reports = map[string][]report{}
+		_, err = f.repo.Restore(f.ctx, backup.RestoreOptions{Backup: "b1", VM: vm, Disk: "vda",
+			Target: filepath.Join(f.dir, "b1.restored.raw"), WorkDir: f.dir, Progress: progress})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(reports).To(Equal(map[string][]report{diskKey("b1"): {{size, size}}}))
+
+		// A ticker that ticks: reports climb to the final count.
+		f.repo.ProgressInterval = time.Microsecond
+		f.store.SlowReads = 10 * time.Millisecond
+		reports = map[string][]report{}
+		_, err = f.repo.Restore(f.ctx, backup.RestoreOptions{Backup: "b1", VM: vm, Disk: "vda",
+			Target: filepath.Join(f.dir, "b1.restored.raw"), WorkDir: f.dir, Progress: progress})
+		Expect(err).NotTo(HaveOccurred())
+		got := reports[diskKey("b1")]
+		Expect(len(got)).To(BeNumerically(">", 1))
+		Expect(got[len(got)-1]).To(Equal(report{size, size}))
+		for i := 1; i < len(got); i++ {
+			Expect(got[i].done).To(BeNumerically(">=", got[i-1].done))
+		}
 	})
 
 	It("refuses an incremental file that holds a whole disk", func() {

@@ -27,6 +27,8 @@ import (
 	"hash"
 	"io"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -36,26 +38,70 @@ import (
 )
 
 // Progress is told how many of total bytes of one object have moved. It is
-// called often; throttle in the callee.
+// called from a ticker of its own about every Repository.ProgressInterval
+// while the object moves, and once more with the final count when it has
+// moved (or failed), never from the transfer itself: a slow callee delays
+// only the end of the transfer, which waits for its last report.
 type Progress func(object string, done, total int64)
 
-// counter counts bytes through a reader and reports them.
+// DefaultProgressInterval is how often progress is reported when
+// Repository.ProgressInterval is zero.
+const DefaultProgressInterval = time.Second
+
+// meter counts the bytes of one transfer; the data path only adds to the
+// count, a ticker reports it.
+type meter struct {
+	done atomic.Int64
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// track starts reporting the transfer of object, total bytes, to progress
+// every r.ProgressInterval. Stop the meter when the transfer ends.
+func (r *Repository) track(object string, total int64, progress Progress) *meter {
+	m := &meter{stop: make(chan struct{})}
+	if progress == nil {
+		return m
+	}
+	interval := r.ProgressInterval
+	if interval <= 0 {
+		interval = DefaultProgressInterval
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				progress(object, m.done.Load(), total)
+			case <-m.stop:
+				progress(object, m.done.Load(), total)
+				return
+			}
+		}
+	}()
+	return m
+}
+
+// Stop ends the reports after a last one with the final count.
+func (m *meter) Stop() {
+	close(m.stop)
+	m.wg.Wait()
+}
+
+// counter counts bytes through a reader into a meter.
 type counter struct {
-	r        io.Reader
-	done     int64
-	total    int64
-	object   string
-	progress Progress
+	r io.Reader
+	m *meter
+	n int64
 }
 
 func (c *counter) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	if n > 0 {
-		c.done += int64(n)
-		if c.progress != nil {
-			c.progress(c.object, c.done, c.total)
-		}
-	}
+	c.n += int64(n)
+	c.m.done.Add(int64(n))
 	return n, err
 }
 
@@ -84,17 +130,22 @@ func (r *Repository) uploadFile(ctx context.Context, key, path string, progress 
 		src  *counter
 		info objectstore.ObjectInfo
 	)
+	m := r.track(key, st.Size(), progress)
+	defer m.Stop()
 	err = retry.OnError(ctx, r.backoff(), objectstore.Retryable, func() (err error) {
+		// Each attempt hashes what it reads, once, as the store reads
+		// it; the store's own part retries resend its buffers.
 		h = sha256.New()
-		src = &counter{r: io.TeeReader(io.NewSectionReader(f, 0, st.Size()), h), total: st.Size(), object: key, progress: progress}
+		m.done.Store(0)
+		src = &counter{r: io.TeeReader(io.NewSectionReader(f, 0, st.Size()), h), m: m}
 		info, err = r.Store.Put(ctx, key, src, st.Size(), objectstore.PutOptions{})
 		return err
 	})
 	if err != nil {
 		return uploaded{}, fmt.Errorf("upload %s to %s: %w", path, key, err)
 	}
-	if src.done != st.Size() {
-		return uploaded{}, fmt.Errorf("upload %s: read %d bytes, file has %d (changed while uploading?)", path, src.done, st.Size())
+	if src.n != st.Size() || info.Size != st.Size() {
+		return uploaded{}, fmt.Errorf("upload %s: read %d bytes, stored %d, the file has %d (changed while uploading?)", path, src.n, info.Size, st.Size())
 	}
 	return uploaded{Size: st.Size(), SHA256: hex.EncodeToString(h.Sum(nil)), ETag: info.ETag}, nil
 }
@@ -114,11 +165,13 @@ func (r *Repository) downloadFile(ctx context.Context, key string, w io.Writer, 
 	h := sha256.New()
 	dst := io.MultiWriter(w, h)
 	var done int64
+	m := r.track(key, size, progress)
+	defer m.Stop()
 	err := retry.OnError(ctx, r.backoff(), retriableRead, func() error {
 		// A read that moved bytes resumes at once: only reads that move
 		// nothing count as failed attempts.
 		for {
-			n, err := r.copyFrom(ctx, key, dst, done, size, progress)
+			n, err := r.copyFrom(ctx, key, dst, done, size, m)
 			done += n
 			if err == nil || n == 0 || !retriableRead(err) {
 				return err
@@ -157,7 +210,7 @@ func verifySum(key string, h hash.Hash, want string) error {
 
 // copyFrom copies key from offset on into dst and returns how many bytes it
 // moved.
-func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, offset, size int64, progress Progress) (int64, error) {
+func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, offset, size int64, m *meter) (int64, error) {
 	rc, info, err := r.Store.Get(ctx, key, offset)
 	if errors.Is(err, objectstore.ErrNotFound) {
 		return 0, &ObjectError{Object: key, Reason: "missing from the bucket"}
@@ -169,8 +222,7 @@ func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, of
 	if offset == 0 && info.Size != size {
 		return 0, &ObjectError{Object: key, Reason: fmt.Sprintf("has %d bytes, the index records %d: the object was altered", info.Size, size)}
 	}
-	src := &counter{r: rc, done: offset, total: size, object: key, progress: progress}
-	n, err := io.Copy(dst, src)
+	n, err := io.Copy(dst, &counter{r: rc, m: m})
 	if err != nil {
 		return n, fmt.Errorf("read %s at %d: %w", key, offset+n, err)
 	}

@@ -58,6 +58,9 @@ type Memory struct {
 	// place of the object's, while the ObjectInfo still describes the
 	// object: a store that tears a read.
 	Tear func(key string, data []byte) []byte
+	// SlowReads, when positive, makes every read of a Get's reader take
+	// that long: a transfer that lasts.
+	SlowReads time.Duration
 }
 
 // NewMemory returns an empty store.
@@ -93,12 +96,25 @@ func (m *Memory) Get(_ context.Context, key string, offset int64) (io.ReadCloser
 		m.BrokenReads++
 		r = io.MultiReader(io.LimitReader(r, m.BreakReadsAfter), errReader{})
 	}
+	if m.SlowReads > 0 {
+		r = slowReader{r, m.SlowReads}
+	}
 	info := m.info(key, o)
 	if offset == 0 {
 		// As S3 reports a checksum on a whole read.
 		info.Checksum, _ = objectstore.ChecksumOf("SHA256", o.data)
 	}
 	return io.NopCloser(r), info, nil
+}
+
+type slowReader struct {
+	r     io.Reader
+	delay time.Duration
+}
+
+func (s slowReader) Read(p []byte) (int, error) {
+	time.Sleep(s.delay)
+	return s.r.Read(p)
 }
 
 type errReader struct{}
