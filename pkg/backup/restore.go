@@ -27,6 +27,8 @@ import (
 	"path/filepath"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 )
@@ -213,6 +215,15 @@ func (r *Repository) fetchLayer(ctx context.Context, key, local string, f *catal
 	out, err := os.OpenFile(local, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("download %s: %w", key, err)
+	}
+	// Reserving the whole layer at once fails early when the work
+	// directory is too small, and spares the file system an allocation
+	// per write: on ext4, appending 1 MiB writes to a file grown write by
+	// write costs several times what the same writes into reserved space
+	// do. A file system without fallocate grows the file as it is written.
+	if err := unix.Fallocate(int(out.Fd()), 0, 0, f.Size); errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		out.Close()
+		return fmt.Errorf("download %s: no room for its %d bytes in %s: %w", key, f.Size, filepath.Dir(local), err)
 	}
 	err = r.downloadFile(ctx, key, out, f.Size, f.SHA256, progress)
 	if cerr := out.Close(); err == nil && cerr != nil {

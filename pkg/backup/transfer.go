@@ -162,8 +162,7 @@ func (e *ObjectError) Error() string { return fmt.Sprintf("object %s: %s", e.Obj
 // stopped, and checks the recorded size and digest. sum may be empty for
 // objects recorded without one.
 func (r *Repository) downloadFile(ctx context.Context, key string, w io.Writer, size int64, sum string, progress Progress) error {
-	h := sha256.New()
-	dst := io.MultiWriter(w, h)
+	pipe := newHashPipe(sha256.New())
 	var done int64
 	m := r.track(key, size, progress)
 	defer m.Stop()
@@ -171,13 +170,14 @@ func (r *Repository) downloadFile(ctx context.Context, key string, w io.Writer, 
 		// A read that moved bytes resumes at once: only reads that move
 		// nothing count as failed attempts.
 		for {
-			n, err := r.copyFrom(ctx, key, dst, done, size, m)
+			n, err := r.copyFrom(ctx, key, w, pipe, done, size, m)
 			done += n
 			if err == nil || n == 0 || !retriableRead(err) {
 				return err
 			}
 		}
 	})
+	got := pipe.Sum()
 	var oe *ObjectError
 	if errors.As(err, &oe) {
 		return err
@@ -188,7 +188,10 @@ func (r *Repository) downloadFile(ctx context.Context, key string, w io.Writer, 
 	if done != size {
 		return &ObjectError{Object: key, Reason: fmt.Sprintf("has %d bytes, the index records %d", done, size)}
 	}
-	return verifySum(key, h, sum)
+	if sum != "" && hex.EncodeToString(got) != sum {
+		return &ObjectError{Object: key, Reason: fmt.Sprintf("sha256 is %x, the index records %s: the object was altered", got, sum)}
+	}
+	return nil
 }
 
 // retriableRead tells a read worth resuming: not of an object that is not
@@ -198,19 +201,58 @@ func retriableRead(err error) bool {
 	return !errors.As(err, &oe) && objectstore.Retryable(err)
 }
 
-func verifySum(key string, h hash.Hash, want string) error {
-	if want == "" {
-		return nil
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != want {
-		return &ObjectError{Object: key, Reason: fmt.Sprintf("sha256 is %s, the index records %s: the object was altered", got, want)}
-	}
-	return nil
+// Reads of a download fill buffers of copyBuffer bytes: large enough that
+// few calls move a disk, few enough (pipeBuffers) to be small beside the
+// part buffers of uploads.
+const (
+	copyBuffer  = 1 << 20
+	pipeBuffers = 4
+)
+
+// hashPipe hashes what a download wrote in a goroutine of its own, so that
+// receiving and hashing overlap, in buffers it lends and takes back.
+type hashPipe struct {
+	h    hash.Hash
+	free chan []byte
+	full chan []byte
+	done chan struct{}
 }
 
-// copyFrom copies key from offset on into dst and returns how many bytes it
-// moved.
-func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, offset, size int64, m *meter) (int64, error) {
+func newHashPipe(h hash.Hash) *hashPipe {
+	p := &hashPipe{h: h, free: make(chan []byte, pipeBuffers), full: make(chan []byte, pipeBuffers), done: make(chan struct{})}
+	for range pipeBuffers {
+		p.free <- make([]byte, copyBuffer)
+	}
+	go func() {
+		defer close(p.done)
+		for b := range p.full {
+			p.h.Write(b)
+			p.free <- b[:cap(b)]
+		}
+	}()
+	return p
+}
+
+// buffer lends a buffer to fill; hand it to hash or back to reuse.
+func (p *hashPipe) buffer() []byte { return <-p.free }
+
+// hash takes b, the start of a lent buffer, to add to the digest in order.
+func (p *hashPipe) hash(b []byte) { p.full <- b }
+
+// reuse takes back a lent buffer whose bytes are not to be hashed.
+func (p *hashPipe) reuse(b []byte) { p.free <- b[:cap(b)] }
+
+// Sum waits for what was handed to hash and returns the digest. Call it
+// once, with no buffer lent; it ends the goroutine.
+func (p *hashPipe) Sum() []byte {
+	close(p.full)
+	<-p.done
+	return p.h.Sum(nil)
+}
+
+// copyFrom copies key from offset on into dst, and into the digest through
+// pipe, and returns how many bytes it moved.
+func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, pipe *hashPipe, offset, size int64, m *meter) (int64, error) {
 	rc, info, err := r.Store.Get(ctx, key, offset)
 	if errors.Is(err, objectstore.ErrNotFound) {
 		return 0, &ObjectError{Object: key, Reason: "missing from the bucket"}
@@ -222,11 +264,33 @@ func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, of
 	if offset == 0 && info.Size != size {
 		return 0, &ObjectError{Object: key, Reason: fmt.Sprintf("has %d bytes, the index records %d: the object was altered", info.Size, size)}
 	}
-	n, err := io.Copy(dst, &counter{r: rc, m: m})
-	if err != nil {
-		return n, fmt.Errorf("read %s at %d: %w", key, offset+n, err)
+	// Whole buffers, not what each read of the connection brings, go
+	// to dst: few large writes.
+	var n int64
+	for {
+		buf := pipe.buffer()
+		k, err := io.ReadFull(rc, buf)
+		if k > 0 {
+			if _, werr := dst.Write(buf[:k]); werr != nil {
+				pipe.reuse(buf)
+				return n, fmt.Errorf("write %s at %d: %w", key, offset+n, werr)
+			}
+			pipe.hash(buf[:k])
+			n += int64(k)
+			m.done.Add(int64(k))
+		} else {
+			pipe.reuse(buf)
+		}
+		// io.ReadFull returns these sentinels as they are: rc ended. A
+		// wrapped one is a failure to resume from.
+		switch err {
+		case nil:
+		case io.EOF, io.ErrUnexpectedEOF:
+			return n, nil
+		default:
+			return n, fmt.Errorf("read %s at %d: %w", key, offset+n, err)
+		}
 	}
-	return n, nil
 }
 
 // hashObject reads an object to the end and checks its digest.
