@@ -310,11 +310,16 @@ func (t Tool) Rebase(ctx context.Context, path, backing, backingFormat string) e
 
 // Convert copies the guest-visible content of src (through its backing
 // chain) into dst in dstFormat. An existing dst, such as a block device, is
-// written in place rather than created.
+// written in place rather than created. A raw dst is written out of order
+// (-W): every write lands at its own offset whatever the order, and
+// qemu-img's writers no longer wait for each other.
 func (t Tool) Convert(ctx context.Context, src, srcFormat, dst, dstFormat string) error {
 	args := []string{"convert", "-q", "-f", srcFormat, "-O", dstFormat}
 	if blockdev.Is(dst) {
 		args = append(args, "-n")
+	}
+	if dstFormat == FormatRaw {
+		args = append(args, "-W")
 	}
 	if _, err := t.run(ctx, append(args, src, dst)...); err != nil {
 		return fmt.Errorf("convert %s to %s: %w", src, dst, err)
