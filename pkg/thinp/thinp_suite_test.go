@@ -20,6 +20,7 @@ package thinp_test
 
 import (
 	"testing"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -27,5 +28,8 @@ import (
 
 func TestThinp(t *testing.T) {
 	RegisterFailHandler(Fail)
+	// Gomega's one-second default is a wall-clock bound a loaded machine
+	// can miss; a condition that holds returns at once.
+	SetDefaultEventuallyTimeout(time.Minute)
 	RunSpecs(t, "thinp Suite")
 }

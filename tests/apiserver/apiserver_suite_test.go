@@ -22,14 +22,12 @@ import (
 	"testing"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 func TestAPIServer(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "API server Suite")
+	framework.RunSuite(t, "API server Suite")
 }
 
 var _ = BeforeSuite(framework.SetupLogger)

@@ -26,7 +26,6 @@ import (
 	"testing"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
@@ -34,8 +33,7 @@ import (
 )
 
 func TestBackup(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "backup functional Suite")
+	framework.RunSuite(t, "backup functional Suite")
 }
 
 var s3Binary string

@@ -32,8 +32,7 @@ import (
 )
 
 func TestContainerDisk(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "container-disk Suite")
+	framework.RunSuite(t, "container-disk Suite")
 }
 
 // binary is the container-disk program under test, as `make` builds it.

@@ -50,8 +50,7 @@ import (
 )
 
 func TestDatamover(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "datamover functional Suite")
+	framework.RunSuite(t, "datamover functional Suite")
 }
 
 const (

@@ -36,8 +36,7 @@ import (
 )
 
 func TestDemo(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "local demo Suite")
+	framework.RunSuite(t, "local demo Suite")
 }
 
 // demo is the demo program, built for the suite.

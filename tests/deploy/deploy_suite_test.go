@@ -43,8 +43,7 @@ import (
 )
 
 func TestDeploy(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "Install manifests Suite")
+	framework.RunSuite(t, "Install manifests Suite")
 }
 
 // crdTool renders the CRDs virt-operator installs, from the tree it is

@@ -46,8 +46,7 @@ import (
 )
 
 func TestE2E(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "one-node KubeVirt e2e Suite")
+	framework.RunSuite(t, "one-node KubeVirt e2e Suite")
 }
 
 var (

@@ -26,15 +26,13 @@ import (
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 func TestEnv(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "Real test environment")
+	framework.RunSuite(t, "Real test environment")
 }
 
 // daemon is the suite's private libvirtd.

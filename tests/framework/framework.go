@@ -25,12 +25,30 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"testing"
+	"time"
 
 	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
+
+// EventuallyTimeout is how long an Eventually without a timeout or context
+// of its own waits. Gomega's default, one second, is a wall-clock bound:
+// a real libvirtd, API server or guest on a loaded machine misses it now
+// and then, and the spec fails for no fault of the code. A condition that
+// holds returns at once, so a long bound costs nothing when all is well.
+const EventuallyTimeout = 2 * time.Minute
+
+// RunSuite runs a package's specs, Gomega failing through Ginkgo and
+// waiting up to EventuallyTimeout.
+func RunSuite(t *testing.T, description string) {
+	gomega.RegisterFailHandler(ginkgo.Fail)
+	gomega.SetDefaultEventuallyTimeout(EventuallyTimeout)
+	ginkgo.RunSpecs(t, description)
+}
 
 // InCI reports whether the run is CI's, where nothing may be skipped.
 func InCI() bool {

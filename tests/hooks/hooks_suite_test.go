@@ -41,8 +41,7 @@ import (
 )
 
 func TestHooks(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "overlay hook functional Suite")
+	framework.RunSuite(t, "overlay hook functional Suite")
 }
 
 // binaries built once for the suite.

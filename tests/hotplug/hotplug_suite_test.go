@@ -38,8 +38,7 @@ import (
 )
 
 func TestHotplug(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "containerDisk hotplug functional Suite")
+	framework.RunSuite(t, "containerDisk hotplug functional Suite")
 }
 
 var tools hotplug.Tools

@@ -36,8 +36,7 @@ import (
 )
 
 func TestOverlay(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "overlay volumes functional Suite")
+	framework.RunSuite(t, "overlay volumes functional Suite")
 }
 
 // vmi2domain is the tool built inside the patched tree for the suite.

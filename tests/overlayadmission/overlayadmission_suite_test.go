@@ -21,11 +21,9 @@ package overlayadmission_test
 import (
 	"testing"
 
-	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 func TestOverlayAdmission(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "Overlay volume admission Suite")
+	framework.RunSuite(t, "Overlay volume admission Suite")
 }

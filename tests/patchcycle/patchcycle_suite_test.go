@@ -21,11 +21,9 @@ package patchcycle_test
 import (
 	"testing"
 
-	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 func TestPatchCycle(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "Patch cycle Suite")
+	framework.RunSuite(t, "Patch cycle Suite")
 }

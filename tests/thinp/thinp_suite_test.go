@@ -27,15 +27,13 @@ import (
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/thinp/testbed"
 )
 
 func TestThinp(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "thinp functional Suite")
+	framework.RunSuite(t, "thinp functional Suite")
 }
 
 var env *testbed.Env

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -42,6 +43,9 @@ import (
 
 func TestSidecar(t *testing.T) {
 	RegisterFailHandler(Fail)
+	// Gomega's one-second default is a wall-clock bound a loaded machine
+	// can miss; a condition that holds returns at once.
+	SetDefaultEventuallyTimeout(time.Minute)
 	RunSpecs(t, "overlay sidecar Suite")
 }
 

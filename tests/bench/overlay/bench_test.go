@@ -69,8 +69,7 @@ const (
 var goldenSizes = []int64{1 * gib, 4 * gib, 16 * gib}
 
 func TestBench(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "overlay volume benchmark")
+	framework.RunSuite(t, "overlay volume benchmark")
 }
 
 var (

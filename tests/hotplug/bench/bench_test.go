@@ -43,6 +43,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/hotplug"
 )
 
@@ -53,8 +54,7 @@ const (
 )
 
 func TestBench(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "containerDisk hotplug benchmark")
+	framework.RunSuite(t, "containerDisk hotplug benchmark")
 }
 
 // samples holds the durations of one step over the runs.

@@ -40,6 +40,7 @@ import (
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/thinp"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/thinp/testbed"
 )
 
@@ -59,8 +60,7 @@ func shmDir() string {
 }
 
 func TestBench(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "thinp benchmark")
+	framework.RunSuite(t, "thinp benchmark")
 }
 
 var (
