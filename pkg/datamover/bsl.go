@@ -45,6 +45,8 @@ type location struct {
 	// objectstore.ParseBSL reads them.
 	manifest    []byte
 	credentials []byte
+	// secret is where the credentials are, in the location's namespace.
+	secret secretKey
 }
 
 // bslManifest renders what a pod needs of a location: provider, bucket,
@@ -118,7 +120,7 @@ func loadLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStor
 	if !ok {
 		return nil, fmt.Errorf("credentials of backup storage location %s: secret %s has no key %q", bsl.Name, name, key)
 	}
-	return &location{bsl: bsl, manifest: manifest, credentials: creds}, nil
+	return &location{bsl: bsl, manifest: manifest, credentials: creds, secret: secretKey{name: name, key: key}}, nil
 }
 
 // config is the location's object store settings, credentials in memory.

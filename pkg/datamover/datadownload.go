@@ -45,16 +45,28 @@ import (
 
 // DataDownloadReconciler drives DataDownloads of spec.datamover "kubevirt":
 // it restores one disk of a VM, as the backup its snapshot ID names saved
-// it, into the target claim.
+// it, into the target claim. It follows Velero's restore contract, as
+// Velero's restore exposer does for its own data movers: the disk is
+// written into a volume of the controller's own, provisioned for a claim in
+// the DataDownload's namespace (Velero's) like the target claim, which
+// Velero's restore left unbound; that volume is then bound to the target
+// claim.
 //
 //	New         the snapshot ID parses: Accepted
-//	Accepted    the location is Available, the target claim exists and the
-//	            backup holds the disk: the restore pod is created, Prepared
+//	Accepted    the location is Available, the target claim exists unbound
+//	            and the backup holds the disk: the intermediate claim and
+//	            the restore pod are created in Velero's namespace, Prepared
 //	Prepared    the pod runs: InProgress
-//	InProgress  the pod succeeded: Completed, else Failed
+//	InProgress  the pod succeeded: its result is kept on the DataDownload,
+//	            the pod and the intermediate claim go, the volume is bound
+//	            to the target claim (volumeMove): Completed; the pod
+//	            failed: Failed
 //
-// Cancellation and timeouts work as for DataUploads; the pod and the
-// credentials copy are deleted at the end.
+// A Completed DataDownload that is the last of its restore operation's to
+// complete restores the run strategy of the VM the restore item action
+// stopped (resumeVM). Cancellation and timeouts work as for DataUploads;
+// the pod and the intermediate claim are deleted at the end, and a volume
+// still held is released.
 type DataDownloadReconciler struct {
 	Client   client.Client
 	Reader   client.Reader
@@ -78,7 +90,8 @@ type downloadJob struct {
 	vm     catalog.VM
 	backup string
 	disk   string
-	// name of the pod and the credentials copy in the target namespace.
+	// name of the pod and the intermediate claim in the DataDownload's
+	// namespace.
 	name string
 }
 
@@ -89,14 +102,25 @@ func (j *downloadJob) targetNamespace() string {
 	return j.dd.Spec.SourceNamespace
 }
 
+// target is the claim the disk is restored into.
+func (j *downloadJob) target() client.ObjectKey {
+	return client.ObjectKey{Namespace: j.targetNamespace(), Name: j.dd.Spec.TargetVolume.PVC}
+}
+
+// key names the pod and the intermediate claim.
 func (j *downloadJob) key() client.ObjectKey {
-	return client.ObjectKey{Namespace: j.targetNamespace(), Name: j.name}
+	return client.ObjectKey{Namespace: j.dd.Namespace, Name: j.name}
 }
 
 func (j *downloadJob) meta() metav1.ObjectMeta {
-	return metav1.ObjectMeta{Name: j.name, Namespace: j.targetNamespace(),
+	return metav1.ObjectMeta{Name: j.name, Namespace: j.dd.Namespace,
 		Labels: ownerLabels(KindDataDownload, j.dd.UID), Annotations: ownerAnnotations(j.dd.Namespace, j.dd.Name)}
 }
+
+// AnnotationRestoreResult on a DataDownload keeps the restore pod's result
+// while the volume it wrote is bound to the target claim: the pod goes
+// first, as its claim cannot go while a pod uses it.
+const AnnotationRestoreResult = "kubevirt-datamover.io/restore-result"
 
 func isOurDownload(o client.Object) bool {
 	dd, ok := o.(*velerov2.DataDownload)
@@ -117,6 +141,7 @@ func (r *DataDownloadReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&velerov2.DataDownload{}, builder.WithPredicates(predicate.NewPredicateFuncs(isOurDownload))).
 		Watches(&velerov1.BackupStorageLocation{}, handler.EnqueueRequestsFromMapFunc(r.usersOfLocation)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataDownload))).
+		Watches(&velerov2.DataDownload{}, handler.EnqueueRequestsFromMapFunc(r.siblings)).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("set up the DataDownload controller: %w", err)
@@ -161,8 +186,14 @@ func (r *DataDownloadReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		j.disk = d
 	}
 	op := r.op(dd, j.temporaries()...)
+	op.release = func(ctx context.Context) error {
+		return releaseVolume(ctx, r.Client, r.Reader, KindDataDownload, dd.UID, j.target())
+	}
 	if downloadDone(dd.Status.Phase) {
-		return ctrl.Result{}, op.cleanup(ctx)
+		if err := op.cleanup(ctx); err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{}, r.resumeVM(ctx, dd)
 	}
 	if dd.Spec.Cancel || dd.Status.Phase == velerov2.DataDownloadPhaseCanceling {
 		return op.cancel(ctx)
@@ -198,20 +229,24 @@ func unrestorable(err error) bool {
 		errors.As(err, &chainErr) || errors.Is(err, catalog.ErrTooNew)
 }
 
-// prepare checks the location, the target and the backup, then starts the
-// restore pod.
+// prepare checks the location, the target and the backup, then creates the
+// intermediate claim and the restore pod.
 func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) error {
 	bsl, err := availableLocation(ctx, r.Client, j.dd.Namespace, j.dd.Spec.BackupStorageLocation, r.Config.PollInterval)
 	if err != nil {
 		return err
 	}
 	target := &corev1.PersistentVolumeClaim{}
-	tkey := client.ObjectKey{Namespace: j.targetNamespace(), Name: j.dd.Spec.TargetVolume.PVC}
+	tkey := j.target()
 	if err := r.Reader.Get(ctx, tkey, target); err != nil {
 		if apierrors.IsNotFound(err) {
 			return waitFor("WaitingForTarget", r.Config.PollInterval, "waiting for target claim %s", tkey)
 		}
 		return fmt.Errorf("get target claim %s: %w", tkey, err)
+	}
+	if target.Spec.VolumeName != "" {
+		return fatal("target claim %s is already bound to volume %s: a restore binds a volume of its own to a claim "+
+			"that Velero's restore left unbound (spec.volumeName empty)", tkey, target.Spec.VolumeName)
 	}
 	loc, err := usableLocation(ctx, r.Reader, bsl, r.Config.PollInterval)
 	if err != nil {
@@ -237,51 +272,83 @@ func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) er
 			return fatal("backup %s of %s holds no disk %s (checkpoint %s)", j.backup, j.vm, j.disk, c.ID)
 		}
 	}
-	if err := r.Client.Create(ctx, credentialsSecret(j.meta(), loc.credentials)); err != nil && !apierrors.IsAlreadyExists(err) {
-		return apiFailure(err, "copy the location's credentials to %s", j.key())
+	claim := intermediateClaim(j.meta(), target)
+	if err := r.Client.Create(ctx, claim); err != nil && !apierrors.IsAlreadyExists(err) {
+		return apiFailure(err, "create intermediate claim %s", j.key())
 	}
-	opts := mover.RestoreOptions{VM: j.vm, Backup: j.backup, Disk: j.disk, Target: restoreTarget(target),
+	opts := mover.RestoreOptions{VM: j.vm, Backup: j.backup, Disk: j.disk, Target: restoreTarget(claim),
 		WorkDir: PodWorkDir, Credentials: credentialsFile(), BSL: loc.manifest,
 		Progress: mover.ObjectRef{Namespace: j.dd.Namespace, Name: j.dd.Name}}
-	pod := r.Config.restorePod(j.meta(), j.name, target, opts.Args(), opts.Env())
+	pod := r.Config.restorePod(j.meta(), loc.secret, claim, opts.Args(), opts.Env())
 	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 		return apiFailure(err, "create restore pod %s", j.key())
 	}
-	msg := fmt.Sprintf("restore pod %s writes disk %s from a chain of %d into %s", j.key(), j.disk, len(chain), tkey)
+	msg := fmt.Sprintf("restore pod %s writes disk %s from a chain of %d into a volume for claim %s", j.key(), j.disk, len(chain), tkey)
 	return r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "Prepared", msg, func(s *velerov2.DataDownloadStatus) {
 		s.Phase = velerov2.DataDownloadPhasePrepared
 	})
 }
 
+// intermediateClaim asks for a volume like the target claim's (class, size,
+// access and volume modes) in Velero's namespace, as Velero's restore
+// exposer does. It binds where the restore pod runs: the target claim's
+// consumer, the VM, is stopped while its disks are restored.
+func intermediateClaim(meta metav1.ObjectMeta, target *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{ObjectMeta: meta, Spec: corev1.PersistentVolumeClaimSpec{
+		AccessModes:      target.Spec.AccessModes,
+		StorageClassName: target.Spec.StorageClassName,
+		VolumeMode:       target.Spec.VolumeMode,
+		Resources:        target.Spec.Resources,
+	}}
+}
+
 func (r *DataDownloadReconciler) restore(ctx context.Context, j *downloadJob) error {
-	pod := &corev1.Pod{}
-	if err := r.Client.Get(ctx, j.key(), pod); err != nil {
-		if apierrors.IsNotFound(err) {
-			return fatal("restore pod %s disappeared", j.key())
+	message, kept := j.dd.Annotations[AnnotationRestoreResult]
+	if !kept {
+		pod := &corev1.Pod{}
+		if err := r.Client.Get(ctx, j.key(), pod); err != nil {
+			if apierrors.IsNotFound(err) {
+				return fatal("restore pod %s disappeared", j.key())
+			}
+			return fmt.Errorf("get restore pod %s: %w", j.key(), err)
 		}
-		return fmt.Errorf("get restore pod %s: %w", j.key(), err)
-	}
-	finished, succeeded, message := podOutcome(pod)
-	switch {
-	case !finished:
-		if pod.Status.Phase == corev1.PodRunning && j.dd.Status.Phase == velerov2.DataDownloadPhasePrepared {
-			return r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "RestoreStarted", fmt.Sprintf("restore pod %s is running", j.key()),
-				func(s *velerov2.DataDownloadStatus) {
-					s.Phase = velerov2.DataDownloadPhaseInProgress
-					s.StartTimestamp = r.now()
-					s.Node = pod.Spec.NodeName
-				})
+		var finished, succeeded bool
+		finished, succeeded, message = podOutcome(pod)
+		switch {
+		case !finished:
+			if pod.Status.Phase == corev1.PodRunning && j.dd.Status.Phase == velerov2.DataDownloadPhasePrepared {
+				return r.setStatus(ctx, j.dd, corev1.EventTypeNormal, "RestoreStarted", fmt.Sprintf("restore pod %s is running", j.key()),
+					func(s *velerov2.DataDownloadStatus) {
+						s.Phase = velerov2.DataDownloadPhaseInProgress
+						s.StartTimestamp = r.now()
+						s.Node = pod.Spec.NodeName
+					})
+			}
+			return nil
+		case !succeeded:
+			return fatal("restore pod %s failed: %s", j.key(), firstLine(message))
 		}
-		return nil
-	case !succeeded:
-		return fatal("restore pod %s failed: %s", j.key(), firstLine(message))
 	}
 	res, err := mover.DecodeRestoreResult(message)
 	if err != nil {
 		return fatal("%w", err)
 	}
-	msg := fmt.Sprintf("restored disk %s of %s from backup %s (chain of %d, %d bytes) into claim %s/%s",
-		j.disk, j.vm, j.backup, len(res.Chain), res.Bytes, j.targetNamespace(), j.dd.Spec.TargetVolume.PVC)
+	if !kept {
+		if err := r.keepResult(ctx, j.dd, message); err != nil {
+			return err
+		}
+	}
+	if err := deleteIfPresent(ctx, r.Client, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: j.dd.Namespace, Name: j.name}}); err != nil {
+		return err
+	}
+	move := &volumeMove{client: r.Client, reader: r.Reader, kind: KindDataDownload, uid: j.dd.UID,
+		owner: j.dd.Namespace + "/" + j.dd.Name, from: j.key(), to: j.target()}
+	volume, err := move.run(ctx)
+	if err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("restored disk %s of %s from backup %s (chain of %d, %d bytes) into claim %s (volume %s)",
+		j.disk, j.vm, j.backup, len(res.Chain), res.Bytes, j.target(), volume)
 	op := r.op(j.dd, j.temporaries()...)
 	if err := op.setStatus(ctx, corev1.EventTypeNormal, "Completed", msg, func() {
 		op.end(velerov2.DataDownloadPhaseCompleted)
@@ -289,14 +356,31 @@ func (r *DataDownloadReconciler) restore(ctx context.Context, j *downloadJob) er
 	}); err != nil {
 		return err
 	}
-	return op.cleanup(ctx)
+	if err := op.cleanup(ctx); err != nil {
+		return err
+	}
+	return r.resumeVM(ctx, j.dd)
 }
 
-// temporaries are what a DataDownload creates in the target namespace and
-// its end deletes.
+// keepResult records the pod's result on the DataDownload before the pod
+// goes.
+func (r *DataDownloadReconciler) keepResult(ctx context.Context, dd *velerov2.DataDownload, message string) error {
+	patch := client.MergeFrom(dd.DeepCopy())
+	if dd.Annotations == nil {
+		dd.Annotations = map[string]string{}
+	}
+	dd.Annotations[AnnotationRestoreResult] = message
+	if err := r.Client.Patch(ctx, dd, patch); err != nil {
+		return fmt.Errorf("keep the restore result on DataDownload %s/%s: %w", dd.Namespace, dd.Name, err)
+	}
+	return nil
+}
+
+// temporaries are what a DataDownload creates in its namespace and its end
+// deletes.
 func (j *downloadJob) temporaries() []client.Object {
-	meta := metav1.ObjectMeta{Name: j.name, Namespace: j.targetNamespace()}
-	return []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}}
+	meta := metav1.ObjectMeta{Name: j.name, Namespace: j.dd.Namespace}
+	return []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.PersistentVolumeClaim{ObjectMeta: meta}}
 }
 
 func (r *DataDownloadReconciler) op(dd *velerov2.DataDownload, temporaries ...client.Object) *operation[velerov2.DataDownloadPhase] {

@@ -612,7 +612,7 @@ func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u 
 	if err := r.Client.Create(ctx, credentialsSecret(j.meta(), loc.credentials)); err != nil && !apierrors.IsAlreadyExists(err) {
 		return apiFailure(err, "copy the location's credentials to %s", j.key())
 	}
-	pod := r.Config.uploadPod(j.meta(), j.name, j.name, opts.Args(), opts.Env())
+	pod := r.Config.uploadPod(j.meta(), secretKey{name: j.name, key: defaultCredentialsKey}, j.name, opts.Args(), opts.Env())
 	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 		return apiFailure(err, "create upload pod %s", j.key())
 	}

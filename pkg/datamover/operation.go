@@ -44,6 +44,9 @@ type operation[P ~string] struct {
 	start, completion **metav1.Time
 	// temporaries are what the operation creates and its end deletes.
 	temporaries []client.Object
+	// release, when set, gives up what the operation holds before its
+	// temporaries go (a volume it moves between claims).
+	release func(context.Context) error
 
 	client   client.Client
 	recorder record.EventRecorder
@@ -94,7 +97,7 @@ func (o *operation[P]) cancel(ctx context.Context) (ctrl.Result, error) {
 		// Come back soon to delete the temporary objects and end it.
 		return ctrl.Result{RequeueAfter: cancelingPause}, o.setStatus(ctx, corev1.EventTypeNormal, "Canceling", "canceling", func() { *o.phase = "Canceling" })
 	}
-	if err := deleteAll(ctx, o.client, o.temporaries...); err != nil {
+	if err := o.deleteTemporaries(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
 	return o.finish(ctx, corev1.EventTypeNormal, "Canceled", "canceled", "Canceled")
@@ -118,7 +121,7 @@ func (o *operation[P]) cleanup(ctx context.Context) error {
 	if o.obj.GetAnnotations()[AnnotationCleanedUp] == "true" {
 		return nil
 	}
-	if err := deleteAll(ctx, o.client, o.temporaries...); err != nil {
+	if err := o.deleteTemporaries(ctx); err != nil {
 		return err
 	}
 	patch := client.MergeFrom(o.obj.DeepCopyObject().(client.Object))
@@ -132,6 +135,17 @@ func (o *operation[P]) cleanup(ctx context.Context) error {
 		return fmt.Errorf("mark %s %s cleaned up: %w", o.kind, client.ObjectKeyFromObject(o.obj), err)
 	}
 	return nil
+}
+
+// deleteTemporaries releases what the operation holds and deletes its
+// temporary objects.
+func (o *operation[P]) deleteTemporaries(ctx context.Context) error {
+	if o.release != nil {
+		if err := o.release(ctx); err != nil {
+			return err
+		}
+	}
+	return deleteAll(ctx, o.client, o.temporaries...)
 }
 
 // result turns what a step returned into the reconcile's result: a fatal

@@ -66,11 +66,11 @@ type Config struct {
 	Image           string
 	Command         string
 	ImagePullPolicy corev1.PullPolicy
-	// PodServiceAccount runs the pods under an account of that name in the
-	// VM's (or target's) namespace; it must exist there. With it the pods
-	// report progress, which needs "patch" on dataupload/status and
-	// datadownload/status in the DataUpload's namespace. Empty runs them
-	// without an API token and without progress.
+	// PodServiceAccount runs the pods under an account of that name in
+	// Velero's namespace, where the pods run; it must exist there. With it
+	// the pods report progress, which needs "patch" on dataupload/status
+	// and datadownload/status there. Empty runs them without an API token
+	// and without progress.
 	PodServiceAccount string
 	// DefaultTimeout applies when spec.operationTimeout is zero.
 	DefaultTimeout time.Duration
@@ -119,6 +119,19 @@ func (c *Config) defaults() {
 // credentialsFile is the credentials file inside a pod.
 func credentialsFile() string { return path.Join(PodCredentialsDir, defaultCredentialsKey) }
 
+// secretKey names the key of a secret that holds a location's credentials.
+type secretKey struct{ name, key string }
+
+// credentialsVolume mounts a location's credentials secret, which lives in
+// Velero's namespace beside the pods, as credentialsFile: the credentials
+// are never copied into another namespace.
+func credentialsVolume(creds secretKey) corev1.Volume {
+	return corev1.Volume{Name: volCredentials, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName:  creds.name,
+		Items:       []corev1.KeyToPath{{Key: creds.key, Path: defaultCredentialsKey}},
+		DefaultMode: ptr.To[int32](0o400)}}}
+}
+
 // credentialsSecret copies a location's credentials into the namespace where
 // a pod that needs them runs: a pod can only mount secrets of its own
 // namespace. The copy lives as long as the pod.
@@ -128,7 +141,7 @@ func credentialsSecret(meta metav1.ObjectMeta, data []byte) *corev1.Secret {
 }
 
 // podSpec is the common part of upload and restore pods.
-func (c *Config) pod(meta metav1.ObjectMeta, secret string, args []string, env map[string]string) *corev1.Pod {
+func (c *Config) pod(meta metav1.ObjectMeta, creds secretKey, args []string, env map[string]string) *corev1.Pod {
 	names := make([]string, 0, len(env))
 	for k := range env {
 		names = append(names, k)
@@ -173,19 +186,15 @@ func (c *Config) pod(meta metav1.ObjectMeta, secret string, args []string, env m
 					{Name: volCredentials, MountPath: PodCredentialsDir, ReadOnly: true},
 				},
 			}},
-			Volumes: []corev1.Volume{{
-				Name: volCredentials,
-				VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-					SecretName: secret, DefaultMode: ptr.To[int32](0o400)}},
-			}},
+			Volumes: []corev1.Volume{credentialsVolume(creds)},
 		},
 	}
 	return pod
 }
 
 // uploadPod mounts the temporary volume read-only.
-func (c *Config) uploadPod(meta metav1.ObjectMeta, secret, claim string, args []string, env map[string]string) *corev1.Pod {
-	pod := c.pod(meta, secret, args, env)
+func (c *Config) uploadPod(meta metav1.ObjectMeta, creds secretKey, claim string, args []string, env map[string]string) *corev1.Pod {
+	pod := c.pod(meta, creds, args, env)
 	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: volBackup,
 		VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true}}})
 	ctr := &pod.Spec.Containers[0]
@@ -193,10 +202,10 @@ func (c *Config) uploadPod(meta metav1.ObjectMeta, secret, claim string, args []
 	return pod
 }
 
-// restorePod writes into the target claim: a block device, or disk.img on
-// a file system; the layers are staged in an emptyDir.
-func (c *Config) restorePod(meta metav1.ObjectMeta, secret string, target *corev1.PersistentVolumeClaim, args []string, env map[string]string) *corev1.Pod {
-	pod := c.pod(meta, secret, args, env)
+// restorePod writes into claim target: a block device, or disk.img on a
+// file system; the layers are staged in an emptyDir.
+func (c *Config) restorePod(meta metav1.ObjectMeta, creds secretKey, target *corev1.PersistentVolumeClaim, args []string, env map[string]string) *corev1.Pod {
+	pod := c.pod(meta, creds, args, env)
 	pod.Spec.Volumes = append(pod.Spec.Volumes,
 		corev1.Volume{Name: volTarget, VolumeSource: corev1.VolumeSource{
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: target.Name}}},

@@ -35,8 +35,8 @@ var _ = Describe("the pods", func() {
 	pods := func(c *Config) map[string]*corev1.Pod {
 		c.defaults()
 		return map[string]*corev1.Pod{
-			"upload":  c.uploadPod(meta, "creds", "claim", []string{"upload"}, nil),
-			"restore": c.restorePod(meta, "creds", block, []string{"restore"}, nil),
+			"upload":  c.uploadPod(meta, secretKey{name: "creds", key: "cloud"}, "claim", []string{"upload"}, nil),
+			"restore": c.restorePod(meta, secretKey{name: "creds", key: "cloud"}, block, []string{"restore"}, nil),
 		}
 	}
 

@@ -29,9 +29,11 @@ import (
 	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	testingclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -42,8 +44,8 @@ import (
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore/objectstoretest"
 )
 
-// The objects the DataUpload nightly-db and the DataDownload restore-db
-// create in the VM's namespace.
+// The objects the DataUpload nightly-db creates in the VM's namespace and
+// the DataDownload restore-db in Velero's.
 const (
 	uploadChild   = "kubevirt-backup-nightly-db"
 	downloadChild = "kubevirt-restore-restore-db"
@@ -63,6 +65,8 @@ type step struct {
 	// cleaned: the temporary objects are gone and the owner is marked
 	// cleaned up; otherwise it is not marked.
 	cleaned bool
+	// then checks more of what the reconcile left.
+	then func(*stepper)
 }
 
 // stepper reconciles one DataUpload or DataDownload with a fake API
@@ -140,14 +144,30 @@ func (t *stepper) check(s step, res ctrl.Result, err error, before, owner client
 	} else {
 		Expect(owner.GetAnnotations()[AnnotationCleanedUp]).To(Equal(before.GetAnnotations()[AnnotationCleanedUp]))
 	}
+	if s.then != nil {
+		s.then(t)
+	}
 }
 
 func inProd(name string) metav1.ObjectMeta { return metav1.ObjectMeta{Name: name, Namespace: "prod"} }
 
-// moverPod is an upload or restore pod in phase; a finished one carries
-// message as its termination message.
+func inVelero(name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: name, Namespace: "velero"}
+}
+
+// moverPod is an upload pod in phase; a finished one carries message as
+// its termination message.
 func moverPod(name string, phase corev1.PodPhase, message string) *corev1.Pod {
-	p := &corev1.Pod{ObjectMeta: inProd(name), Spec: corev1.PodSpec{NodeName: "node-1"}, Status: corev1.PodStatus{Phase: phase}}
+	return moverPodIn(inProd(name), phase, message)
+}
+
+// restorePod is the restore pod of restore-db.
+func restorePod(phase corev1.PodPhase, message string) *corev1.Pod {
+	return moverPodIn(inVelero(downloadChild), phase, message)
+}
+
+func moverPodIn(meta metav1.ObjectMeta, phase corev1.PodPhase, message string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: meta, Spec: corev1.PodSpec{NodeName: "node-1"}, Status: corev1.PodStatus{Phase: phase}}
 	if message != "" {
 		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: PodContainer,
 			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Message: message}}}}
@@ -177,8 +197,87 @@ func uploadTemporaries() []client.Object {
 		&corev1.PersistentVolumeClaim{ObjectMeta: inProd(uploadChild)}, &corev1.Secret{ObjectMeta: inProd(uploadChild)}}
 }
 
+// downloadTemporaries are what a DataDownload creates and its end deletes:
+// the restore pod and the intermediate claim, bound.
 func downloadTemporaries() []client.Object {
-	return []client.Object{moverPod(downloadChild, corev1.PodRunning, ""), &corev1.Secret{ObjectMeta: inProd(downloadChild)}}
+	return []client.Object{restorePod(corev1.PodRunning, ""), intermediateClaimOf("pvc-restore")}
+}
+
+// intermediateClaimOf is restore-db's claim in Velero's namespace bound to
+// volume.
+func intermediateClaimOf(volume string) *corev1.PersistentVolumeClaim {
+	meta := inVelero(downloadChild)
+	meta.UID = "intermediate-uid"
+	return &corev1.PersistentVolumeClaim{ObjectMeta: meta, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: volume},
+		Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound}}
+}
+
+// restoredVolume is the volume the restore pod wrote, bound to the
+// intermediate claim as the provisioner left it.
+func restoredVolume(change ...func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-restore", Labels: map[string]string{}, Annotations: map[string]string{}},
+		Spec: corev1.PersistentVolumeSpec{PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			ClaimRef: &corev1.ObjectReference{Namespace: "velero", Name: downloadChild, UID: "intermediate-uid"}},
+		Status: corev1.PersistentVolumeStatus{Phase: corev1.VolumeBound}}
+	for _, c := range change {
+		c(pv)
+	}
+	return pv
+}
+
+// heldByDownload is a volume restore-db holds while it moves it.
+func heldByDownload(pv *corev1.PersistentVolume) {
+	for k, v := range ownerLabels(KindDataDownload, "dd-uid") {
+		pv.Labels[k] = v
+	}
+	pv.Annotations[AnnotationOwner] = "velero/restore-db"
+	pv.Annotations[AnnotationReclaimPolicy] = string(pv.Spec.PersistentVolumeReclaimPolicy)
+	pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+}
+
+// boundTo makes a volume bound to the user's claim db-root.
+func boundTo(pv *corev1.PersistentVolume) {
+	pv.Spec.ClaimRef = &corev1.ObjectReference{Namespace: "prod", Name: "db-root", UID: "user-uid"}
+}
+
+// userClaim is the claim db-root bound to volume, as the PV controller
+// leaves it.
+func userClaim(volume string) *corev1.PersistentVolumeClaim {
+	meta := inProd("db-root")
+	meta.UID = "user-uid"
+	return &corev1.PersistentVolumeClaim{ObjectMeta: meta, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: volume},
+		Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound}}
+}
+
+// haltedVM is VM prod/db as the restore item action restores it.
+func haltedVM() *kubevirtv1.VirtualMachine {
+	return &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod",
+		Annotations: map[string]string{AnnotationOriginalRunStrategy: "Always", AnnotationOriginalRunStrategySource: "runStrategy"}},
+		Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted)}}
+}
+
+// ofOperation makes a DataDownload one of the restore operation dd-op's,
+// for VM db as restored.
+func ofOperation(dd *velerov2.DataDownload) {
+	dd.Labels = map[string]string{velerov1.AsyncOperationIDLabel: "dd-op"}
+	dd.Annotations = map[string]string{AnnotationTargetVMName: "db"}
+}
+
+// resultKept is restore-db once the restore pod's result is kept.
+func resultKept(dd *velerov2.DataDownload) {
+	dd.Annotations = map[string]string{AnnotationRestoreResult: `{"chain":["cp-1"],"bytes":42}`}
+}
+
+func (t *stepper) volume() *corev1.PersistentVolume {
+	pv := &corev1.PersistentVolume{}
+	Expect(t.c.Get(t.ctx, client.ObjectKey{Name: "pvc-restore"}, pv)).To(Succeed())
+	return pv
+}
+
+func (t *stepper) vm() *kubevirtv1.VirtualMachine {
+	vm := &kubevirtv1.VirtualMachine{}
+	Expect(t.c.Get(t.ctx, client.ObjectKey{Namespace: "prod", Name: "db"}, vm)).To(Succeed())
+	return vm
 }
 
 // newUpload is the DataUpload of backup nightly of VM prod/db in phase.
@@ -194,7 +293,7 @@ func newUpload(phase velerov2.DataUploadPhase) *velerov2.DataUpload {
 
 func newDownload(phase velerov2.DataDownloadPhase) *velerov2.DataDownload {
 	return &velerov2.DataDownload{
-		ObjectMeta: metav1.ObjectMeta{Name: "restore-db", Namespace: "velero", CreationTimestamp: metav1.NewTime(created)},
+		ObjectMeta: metav1.ObjectMeta{Name: "restore-db", Namespace: "velero", UID: "dd-uid", CreationTimestamp: metav1.NewTime(created)},
 		Spec: velerov2.DataDownloadSpec{DataMover: DataMover, BackupStorageLocation: "default", SourceNamespace: "prod",
 			SnapshotID: SnapshotID("nightly", "prod", "db"), TargetVolume: velerov2.TargetVolumeSpec{PVC: "db-root", Namespace: "prod"}},
 		Status: velerov2.DataDownloadStatus{Phase: phase},
@@ -354,7 +453,7 @@ var _ = Describe("the DataDownload state machine", func() {
 			out := &velerov2.DataDownload{}
 			Expect(t.c.Get(t.ctx, client.ObjectKeyFromObject(dd), out)).To(Succeed())
 			t.check(s, res, err, dd, out, string(out.Status.Phase), out.Status.Message, downloadTemporaries())
-			if s.event != "" && downloadDone(out.Status.Phase) {
+			if s.event != "" && downloadDone(out.Status.Phase) && !downloadDone(dd.Status.Phase) {
 				Expect(out.Status.StartTimestamp).NotTo(BeNil())
 				Expect(out.Status.CompletionTimestamp.Time).To(BeTemporally("==", t.clock.Now()))
 			}
@@ -369,26 +468,85 @@ var _ = Describe("the DataDownload state machine", func() {
 			dd.Spec.TargetVolume.PVC = "db-new"
 		}), true, step{phase: "Accepted", message: "^waiting for target claim prod/db-new$", event: "Normal WaitingForTarget",
 			result: ctrl.Result{RequeueAfter: 30 * time.Second}}),
-		Entry("Accepted: the restore pod is created", newDownload(velerov2.DataDownloadPhaseAccepted), true, step{
-			phase: "Prepared", message: "^restore pod prod/kubevirt-restore-restore-db writes disk db-root from a chain of 1 into prod/db-root$",
-			event: "Normal Prepared", result: ctrl.Result{RequeueAfter: left}, creates: downloadTemporaries()}),
+		Entry("Accepted: the intermediate claim and the restore pod are created in Velero's namespace", newDownload(velerov2.DataDownloadPhaseAccepted), true, step{
+			phase: "Prepared", message: "^restore pod velero/kubevirt-restore-restore-db writes disk db-root from a chain of 1 into a volume for claim prod/db-root$",
+			event: "Normal Prepared", result: ctrl.Result{RequeueAfter: left}, creates: downloadTemporaries(),
+			then: func(t *stepper) {
+				claim := &corev1.PersistentVolumeClaim{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Namespace: "velero", Name: downloadChild}, claim)).To(Succeed())
+				Expect(claim.Spec.Resources.Requests).To(HaveKeyWithValue(corev1.ResourceStorage, resource.MustParse("1Gi")), "sized as the target claim")
+				pod := &corev1.Pod{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Namespace: "velero", Name: downloadChild}, pod)).To(Succeed())
+				Expect(pod.Spec.Volumes).To(ContainElement(HaveField("VolumeSource.Secret.SecretName", defaultCredentialsSecret)),
+					"the location's own secret, not a copy")
+				Expect(t.exists(&corev1.Secret{ObjectMeta: inProd(downloadChild)})).To(BeFalse())
+			}}),
+		Entry("Accepted: a target claim bound already fails it, naming the claim", newDownload(velerov2.DataDownloadPhaseAccepted), true, step{
+			objs:  []client.Object{userClaim("pvc-other")},
+			phase: "Failed", message: "^target claim prod/db-root is already bound to volume pvc-other: ", event: "Warning Failed", cleaned: true}),
 		Entry("Accepted: the backup holds no such disk", with(newDownload(velerov2.DataDownloadPhaseAccepted), func(dd *velerov2.DataDownload) {
 			dd.Spec.DataMoverConfig = map[string]string{ConfigDisk: "vdb"}
 		}), true, step{phase: "Failed", message: "^backup nightly of prod/db holds no disk vdb \\(checkpoint cp-1\\)$",
 			event: "Warning Failed", cleaned: true}),
 		Entry("Prepared: the pod runs", newDownload(velerov2.DataDownloadPhasePrepared), false, step{
-			objs:  []client.Object{moverPod(downloadChild, corev1.PodRunning, "")},
-			phase: "InProgress", message: "^restore pod prod/kubevirt-restore-restore-db is running$", event: "Normal RestoreStarted",
+			objs:  []client.Object{restorePod(corev1.PodRunning, "")},
+			phase: "InProgress", message: "^restore pod velero/kubevirt-restore-restore-db is running$", event: "Normal RestoreStarted",
 			result: ctrl.Result{RequeueAfter: left}}),
-		Entry("InProgress: the pod succeeded", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
-			objs:  append(downloadTemporaries()[1:], moverPod(downloadChild, corev1.PodSucceeded, `{"chain":["cp-1"],"bytes":42}`)),
-			phase: "Completed", message: "^restored disk db-root of prod/db from backup nightly \\(chain of 1, 42 bytes\\) into claim prod/db-root$",
-			event: "Normal Completed", cleaned: true, result: ctrl.Result{RequeueAfter: left}}),
+		Entry("InProgress: the pod succeeded: its result is kept, the volume held, pod and claim deleted", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
+			objs:  []client.Object{restorePod(corev1.PodSucceeded, `{"chain":["cp-1"],"bytes":42}`), intermediateClaimOf("pvc-restore"), restoredVolume()},
+			phase: "InProgress", message: "^waiting for claim velero/kubevirt-restore-restore-db to be deleted$", event: "Normal WaitingForClaimDeletion",
+			result: ctrl.Result{RequeueAfter: movePause},
+			then: func(t *stepper) {
+				for _, o := range downloadTemporaries() {
+					Expect(t.exists(o)).To(BeFalse(), "%T", o)
+				}
+				pv := t.volume()
+				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimRetain))
+				Expect(pv.Annotations).To(HaveKeyWithValue(AnnotationReclaimPolicy, "Delete"))
+				Expect(pv.Labels).To(HaveKeyWithValue(LabelOwnerUID, "dd-uid"))
+				dd := &velerov2.DataDownload{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Namespace: "velero", Name: "restore-db"}, dd)).To(Succeed())
+				Expect(dd.Annotations).To(HaveKeyWithValue(AnnotationRestoreResult, `{"chain":["cp-1"],"bytes":42}`))
+			}}),
+		Entry("InProgress: the held volume is offered to the target claim", with(newDownload(velerov2.DataDownloadPhaseInProgress), resultKept), false, step{
+			objs: []client.Object{restoredVolume(heldByDownload), with(userClaim(""), func(c *corev1.PersistentVolumeClaim) {
+				c.Status.Phase = corev1.ClaimPending
+				c.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"velero.io/dynamic-pv-restore": "prod.db-root.x7k2p"}}
+			})},
+			phase: "InProgress", message: "^waiting for volume pvc-restore to bind to claim prod/db-root$", event: "Normal WaitingForBinding",
+			result: ctrl.Result{RequeueAfter: movePause},
+			then: func(t *stepper) {
+				claim := &corev1.PersistentVolumeClaim{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Namespace: "prod", Name: "db-root"}, claim)).To(Succeed())
+				Expect(claim.Spec.VolumeName).To(Equal("pvc-restore"))
+				pv := t.volume()
+				Expect(pv.Spec.ClaimRef).To(Equal(&corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: "prod", Name: "db-root"}))
+				Expect(pv.Labels).To(HaveKeyWithValue("velero.io/dynamic-pv-restore", "prod.db-root.x7k2p"), "the volume matches the claim's selector")
+				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimRetain))
+			}}),
+		Entry("InProgress: the volume bound to the target claim completes it", with(newDownload(velerov2.DataDownloadPhaseInProgress), resultKept), false, step{
+			objs:  []client.Object{restoredVolume(heldByDownload, boundTo), userClaim("pvc-restore")},
+			phase: "Completed", message: "^restored disk db-root of prod/db from backup nightly \\(chain of 1, 42 bytes\\) into claim prod/db-root \\(volume pvc-restore\\)$",
+			event: "Normal Completed", cleaned: true, result: ctrl.Result{RequeueAfter: left},
+			then: func(t *stepper) {
+				pv := t.volume()
+				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete), "its own reclaim policy back")
+				Expect(pv.Labels).NotTo(HaveKey(LabelOwnerUID))
+				Expect(pv.Annotations).NotTo(HaveKey(AnnotationReclaimPolicy))
+			}}),
+		Entry("InProgress: a target claim bound to another volume meanwhile fails it, the volume to be deleted", with(newDownload(velerov2.DataDownloadPhaseInProgress), resultKept), false, step{
+			objs:  []client.Object{restoredVolume(heldByDownload), userClaim("pvc-other")},
+			phase: "Failed", message: "^claim prod/db-root is bound to volume pvc-other, not to volume pvc-restore$", event: "Warning Failed", cleaned: true,
+			then: func(t *stepper) {
+				pv := t.volume()
+				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete))
+				Expect(pv.Labels).NotTo(HaveKey(LabelOwnerUID))
+			}}),
 		Entry("InProgress: the pod failed", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
-			objs:  append(downloadTemporaries()[1:], moverPod(downloadChild, corev1.PodFailed, "checksum mismatch")),
-			phase: "Failed", message: "^restore pod prod/kubevirt-restore-restore-db failed: checksum mismatch$", event: "Warning Failed", cleaned: true}),
+			objs:  append(downloadTemporaries()[1:], restorePod(corev1.PodFailed, "checksum mismatch")),
+			phase: "Failed", message: "^restore pod velero/kubevirt-restore-restore-db failed: checksum mismatch$", event: "Warning Failed", cleaned: true}),
 		Entry("InProgress: the pod disappeared", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
-			phase: "Failed", message: "^restore pod prod/kubevirt-restore-restore-db disappeared$", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "^restore pod velero/kubevirt-restore-restore-db disappeared$", event: "Warning Failed", cleaned: true}),
 		Entry("InProgress: the operation timed out", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
 			objs: downloadTemporaries(), after: 4 * time.Hour,
 			phase: "Failed", message: "^timed out after 4h0m0s in phase InProgress$", event: "Warning Failed", cleaned: true}),
@@ -400,5 +558,42 @@ var _ = Describe("the DataDownload state machine", func() {
 			objs: downloadTemporaries(), phase: "Canceled", message: "^canceled$", event: "Normal Canceled", cleaned: true}),
 		Entry("Failed: the temporary objects go once", newDownload(velerov2.DataDownloadPhaseFailed), false, step{
 			objs: downloadTemporaries(), phase: "Failed", cleaned: true}),
+		Entry("Completed, the last of its operation: the VM gets its run strategy back", with(newDownload(velerov2.DataDownloadPhaseCompleted), ofOperation), false, step{
+			objs: []client.Object{haltedVM(), with(newDownload(velerov2.DataDownloadPhaseCompleted), func(dd *velerov2.DataDownload) {
+				ofOperation(dd)
+				dd.Name, dd.Spec.TargetVolume.PVC = "restore-db-data", "db-data"
+			})},
+			phase: "Completed", event: "Normal VMResumed", cleaned: true,
+			then: func(t *stepper) {
+				vm := t.vm()
+				Expect(vm.Spec.RunStrategy).To(HaveValue(Equal(kubevirtv1.RunStrategyAlways)))
+				Expect(vm.Annotations).NotTo(HaveKey(AnnotationOriginalRunStrategy))
+				Expect(vm.Annotations).NotTo(HaveKey(AnnotationOriginalRunStrategySource))
+			}}),
+		Entry("Completed, the last of its operation: a VM that used spec.running gets it back", with(newDownload(velerov2.DataDownloadPhaseCompleted), ofOperation), false, step{
+			objs: []client.Object{with(haltedVM(), func(vm *kubevirtv1.VirtualMachine) {
+				vm.Annotations[AnnotationOriginalRunStrategySource] = "running"
+			})},
+			phase: "Completed", event: "Normal VMResumed", cleaned: true,
+			then: func(t *stepper) {
+				vm := t.vm()
+				Expect(vm.Spec.RunStrategy).To(BeNil())
+				Expect(vm.Spec.Running).To(HaveValue(BeTrue()))
+			}}),
+		Entry("Completed while another disk of the VM is restored: the VM stays stopped", with(newDownload(velerov2.DataDownloadPhaseCompleted), ofOperation), false, step{
+			objs: []client.Object{haltedVM(), with(newDownload(velerov2.DataDownloadPhaseInProgress), func(dd *velerov2.DataDownload) {
+				ofOperation(dd)
+				dd.Name, dd.Spec.TargetVolume.PVC = "restore-db-data", "db-data"
+			})},
+			phase: "Completed", cleaned: true,
+			then: func(t *stepper) {
+				Expect(t.vm().Spec.RunStrategy).To(HaveValue(Equal(kubevirtv1.RunStrategyHalted)))
+				Expect(t.vm().Annotations).To(HaveKeyWithValue(AnnotationOriginalRunStrategy, "Always"))
+			}}),
+		Entry("Failed: the VM stays stopped", with(newDownload(velerov2.DataDownloadPhaseFailed), ofOperation), false, step{
+			objs: []client.Object{haltedVM()}, phase: "Failed", cleaned: true,
+			then: func(t *stepper) {
+				Expect(t.vm().Spec.RunStrategy).To(HaveValue(Equal(kubevirtv1.RunStrategyHalted)))
+			}}),
 	)
 })

@@ -51,9 +51,12 @@ import (
 // written. Restores that do not restore volumes (spec.restorePVs false)
 // and VMs the action did not save are left as they are.
 //
-// The target claims are the ones Velero restores from the backup, as they
-// were; the DataDownload controller waits for each to exist and writes
-// into it.
+// The target claims are the ones Velero restores from the backup, unbound
+// (Velero clears their spec.volumeName); the DataDownload controller waits
+// for each to exist, restores the disk into a volume of its own and binds
+// that volume to the claim. Each DataDownload names the VM as restored
+// (datamover.AnnotationTargetVMName): the controller puts the run strategy
+// back once the last of the VM's disks is restored.
 type RestoreAction struct {
 	client client.Client
 	log    logrus.FieldLogger
@@ -115,25 +118,26 @@ func (a *RestoreAction) Execute(in *velero.RestoreItemActionExecuteInput) (*vele
 		"vm": vm.Namespace + "/" + vm.Name, "target": target})
 	opID := operationID(velerov1.AsyncOperationIDPrefixDataDownload, string(restore.UID), vmKey(vm))
 	snapshotID := datamover.SnapshotID(CatalogBackupName(backup.Name), vm.Namespace, vm.Name)
+	restored := &unstructured.Unstructured{Object: in.Item.UnstructuredContent()}
+	restored = restored.DeepCopy()
 	for _, d := range disks {
-		dd := newDataDownload(restore, backup, vm, d.Name, target, snapshotID, opID)
+		dd := newDataDownload(restore, backup, vm, d.Name, target, restored.GetName(), snapshotID, opID)
 		if err := a.create(ctx, dd); err != nil {
 			return nil, err
 		}
 		log.WithField("operation", opID).Infof("DataDownload %s/%s restores disk %s into claim %s/%s", dd.Namespace, dd.Name, d.Name, target, d.Name)
 	}
 
-	restored := &unstructured.Unstructured{Object: in.Item.UnstructuredContent()}
-	restored = restored.DeepCopy()
 	if err := haltVM(restored); err != nil {
 		return nil, err
 	}
 	return &velero.RestoreItemActionExecuteOutput{UpdatedItem: restored, OperationID: opID}, nil
 }
 
-// newDataDownload restores one disk of vm, as Velero's CSI action labels
-// its own DataDownloads.
-func newDataDownload(restore *velerov1.Restore, backup *velerov1.Backup, vm *kubevirtv1.VirtualMachine, claim, target, snapshotID, opID string) *velerov2.DataDownload {
+// newDataDownload restores one disk of vm into claim of namespace target,
+// for the VM restored as targetVM, as Velero's CSI action labels its own
+// DataDownloads.
+func newDataDownload(restore *velerov1.Restore, backup *velerov1.Backup, vm *kubevirtv1.VirtualMachine, claim, target, targetVM, snapshotID, opID string) *velerov2.DataDownload {
 	timeout := restore.Spec.ItemOperationTimeout
 	if timeout.Duration <= 0 {
 		timeout = metav1.Duration{Duration: DefaultOperationTimeout}
@@ -148,9 +152,10 @@ func newDataDownload(restore *velerov1.Restore, backup *velerov1.Backup, vm *kub
 				velerov1.AsyncOperationIDLabel: opID,
 			},
 			Annotations: map[string]string{
-				datamover.AnnotationVMName:      vm.Name,
-				datamover.AnnotationVMNamespace: vm.Namespace,
-				datamover.AnnotationOperationID: opID,
+				datamover.AnnotationVMName:       vm.Name,
+				datamover.AnnotationVMNamespace:  vm.Namespace,
+				datamover.AnnotationOperationID:  opID,
+				datamover.AnnotationTargetVMName: targetVM,
 			},
 			OwnerReferences: []metav1.OwnerReference{ownerReference("Restore", restore.Name, restore.UID)},
 		},

@@ -109,6 +109,7 @@ var _ = Describe("the restore action", func() {
 			}))
 			Expect(dd.Annotations).To(Equal(map[string]string{
 				datamover.AnnotationVMName: "db", datamover.AnnotationVMNamespace: "prod", datamover.AnnotationOperationID: out.OperationID,
+				datamover.AnnotationTargetVMName: "db",
 			}))
 			Expect(dd.OwnerReferences).To(HaveLen(1))
 			Expect([]string{dd.OwnerReferences[0].Kind, dd.OwnerReferences[0].Name, string(dd.OwnerReferences[0].UID)}).To(Equal([]string{"Restore", "thu", "restore-uid"}))
@@ -129,6 +130,18 @@ var _ = Describe("the restore action", func() {
 			datamover.AnnotationOriginalRunStrategy: "Always", datamover.AnnotationOriginalRunStrategySource: "runStrategy",
 		}))
 		Expect(in.ItemFromBackup.(*unstructured.Unstructured).GetAnnotations()).To(HaveKey(velerov1.DataUploadNameAnnotation), "the backup's item is left as it was")
+	})
+
+	It("names the VM as restored, for the controller to restart it, when the restore renames it", func() {
+		in := restoreInput(savedVM(runningVM()))
+		in.Item.(*unstructured.Unstructured).SetName("db-copy")
+		out, err := action.Execute(in)
+		Expect(err).NotTo(HaveOccurred())
+		for _, dd := range dataDownloads(c) {
+			Expect(dd.Annotations).To(HaveKeyWithValue(datamover.AnnotationTargetVMName, "db-copy"))
+			Expect(dd.Spec.SnapshotID).To(Equal(datamover.SnapshotID("tue", "prod", "db")), "the catalog's VM is the one the backup saved")
+		}
+		Expect(out.UpdatedItem.(*unstructured.Unstructured).GetName()).To(Equal("db-copy"))
 	})
 
 	It("keeps the deprecated running field's meaning", func() {

@@ -20,6 +20,7 @@ package datamover_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
@@ -53,17 +55,74 @@ var _ = Describe("DataDownload", func() {
 		Expect(vm.hv.Snapshot(ctx, atOld)).To(Succeed())
 		Expect(vm.hv.Write(ctx, 8<<20, 1<<20, 0x33)).To(Succeed())
 
+		restoreClaim(ctx, vm.namespace, "restored", corev1.PersistentVolumeFilesystem)
+		dd := newDataDownload(ctx, datamover.SnapshotID("old", vm.namespace, vm.name), vm.namespace, "restored", loc, map[string]string{datamover.ConfigDisk: "vda"})
+		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataDownloadPhaseCompleted))
+		expectRestoredInto(ctx, dd, vm.namespace, "restored", must(testenv.SHA256(atOld)))
+	})
+
+	It("restores a VM's disk into a volume of its own, binds it to the claim Velero left and restarts the VM under its new name", func(ctx context.Context) {
+		// Velero's restore with a namespace mapping, the VM renamed: the
+		// catalog's VM is the one the backup saved, the DataDownload names
+		// the claim and the VM as restored.
+		vm := newVM(ctx)
+		loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+		_, err := loc.repository().BackupVM(ctx, vm.catalogVM(), vm.hv, backup.BackupOptions{Backup: "mon", WorkDir: GinkgoT().TempDir()})
+		Expect(err).NotTo(HaveOccurred())
+		atMon := filepath.Join(GinkgoT().TempDir(), "mon.raw")
+		Expect(vm.hv.Snapshot(ctx, atMon)).To(Succeed())
+		Expect(vm.hv.Write(ctx, 8<<20, 1<<20, 0x44)).To(Succeed())
+
+		target := fmt.Sprintf("restored-%d", specCounter.Add(1))
+		Expect(k8s.Create(ctx, restrictedNamespace(target))).To(Succeed())
+		restoreClaim(ctx, target, "copy-rootdisk", corev1.PersistentVolumeFilesystem)
+		copyVM := &kubevirtv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Name: "db-copy", Namespace: target, Annotations: map[string]string{
+				datamover.AnnotationOriginalRunStrategy: string(kubevirtv1.RunStrategyAlways), datamover.AnnotationOriginalRunStrategySource: "runStrategy"}},
+			Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
+				Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{}},
+		}
+		Expect(k8s.Create(ctx, copyVM)).To(Succeed())
+
+		dd := newDataDownload(ctx, datamover.SnapshotID("mon", vm.namespace, vm.name), target, "copy-rootdisk", loc,
+			map[string]string{datamover.ConfigDisk: "vda"}, func(dd *velerov2.DataDownload) {
+				dd.Labels = map[string]string{velerov1.AsyncOperationIDLabel: "dd-" + target}
+				dd.Annotations = map[string]string{datamover.AnnotationTargetVMName: copyVM.Name}
+			})
+		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataDownloadPhaseCompleted))
+		expectRestoredInto(ctx, dd, target, "copy-rootdisk", must(testenv.SHA256(atMon)))
+		Expect(getDataDownload(ctx, dd).Status.Message).To(MatchRegexp(`into claim restored-\d+/copy-rootdisk \(volume pvc-.+\)$`))
+
+		Eventually(func() *kubevirtv1.VirtualMachineRunStrategy {
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(copyVM), copyVM)).To(Succeed())
+			return copyVM.Spec.RunStrategy
+		}).Should(HaveValue(Equal(kubevirtv1.RunStrategyAlways)))
+		Expect(copyVM.Annotations).NotTo(HaveKey(datamover.AnnotationOriginalRunStrategy))
+		Eventually(eventReasons(ctx, dd)).Should(ContainElement("VMResumed"))
+		source := &kubevirtv1.VirtualMachine{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: vm.namespace, Name: vm.name}, source)).To(Succeed())
+		Expect(source.Spec.RunStrategy).To(BeNil(), "the VM the backup saved is not touched")
+	})
+
+	It("fails naming the claim when the target claim is bound to a volume already", func(ctx context.Context) {
+		vm := newVM(ctx)
+		loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
+		_, err := loc.repository().BackupVM(ctx, vm.catalogVM(), vm.hv, backup.BackupOptions{Backup: "tue", WorkDir: GinkgoT().TempDir()})
+		Expect(err).NotTo(HaveOccurred())
+		// A claim without Velero's selector: the provisioner binds it
+		// first.
 		Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "restored", Namespace: vm.namespace},
+			ObjectMeta: metav1.ObjectMeta{Name: "provisioned", Namespace: vm.namespace},
 			Spec: corev1.PersistentVolumeClaimSpec{
 				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
 			},
 		})).To(Succeed())
-		dd := newDataDownload(ctx, datamover.SnapshotID("old", vm.namespace, vm.name), vm.namespace, "restored", loc, map[string]string{datamover.ConfigDisk: "vda"})
-		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataDownloadPhaseCompleted))
-		restored := filepath.Join(vols.dir(vm.namespace, "restored"), datamover.PodTargetFile)
-		Expect(testenv.SHA256(restored)).To(Equal(must(testenv.SHA256(atOld))))
+		Eventually(func() (string, error) { return vols.claimDir(ctx, k8s, vm.namespace, "provisioned") }).Should(Not(BeEmpty()))
+		dd := newDataDownload(ctx, datamover.SnapshotID("tue", vm.namespace, vm.name), vm.namespace, "provisioned", loc, map[string]string{datamover.ConfigDisk: "vda"})
+		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(time.Minute).Should(Equal(velerov2.DataDownloadPhaseFailed))
+		Expect(getDataDownload(ctx, dd).Status.Message).To(MatchRegexp(`^target claim vms-\d+/provisioned is already bound to volume pvc-`))
+		Expect(gone(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: veleroNamespace, Name: "kubevirt-restore-" + dd.Name}})()).To(BeTrue())
 	})
 
 	It("restores into a block claim with a pod the restricted Pod Security level admits", func(ctx context.Context) {
@@ -71,26 +130,31 @@ var _ = Describe("DataDownload", func() {
 		loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
 		_, err := loc.repository().BackupVM(ctx, vm.catalogVM(), vm.hv, backup.BackupOptions{Backup: "sun", WorkDir: GinkgoT().TempDir()})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "restored", Namespace: vm.namespace},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				VolumeMode:  ptr.To(corev1.PersistentVolumeBlock),
-				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
-			},
-		})).To(Succeed())
+		restoreClaim(ctx, vm.namespace, "restored", corev1.PersistentVolumeBlock)
 		kubelet.holdPods(vm.namespace, true)
 		dd := newDataDownload(ctx, datamover.SnapshotID("sun", vm.namespace, vm.name), vm.namespace, "restored", loc, map[string]string{datamover.ConfigDisk: "vda"})
 		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(time.Minute).Should(Equal(velerov2.DataDownloadPhaseInProgress))
+		key := client.ObjectKey{Namespace: veleroNamespace, Name: "kubevirt-restore-" + dd.Name}
 		pod := &corev1.Pod{}
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: vm.namespace, Name: "kubevirt-restore-" + dd.Name}, pod)).To(Succeed())
+		Expect(k8s.Get(ctx, key, pod)).To(Succeed())
 		Expect(pod.Spec.Containers[0].VolumeDevices).To(ConsistOf(corev1.VolumeDevice{Name: "target", DevicePath: datamover.PodTargetDevice}))
 		Expect(pod.Spec.SecurityContext.RunAsUser).To(HaveValue(Equal(datamover.PodUser)))
+		intermediate := &corev1.PersistentVolumeClaim{}
+		Expect(k8s.Get(ctx, key, intermediate)).To(Succeed())
+		Expect(intermediate.Spec.VolumeMode).To(HaveValue(Equal(corev1.PersistentVolumeBlock)))
+		Expect(pod.Spec.Volumes).To(ContainElement(HaveField("VolumeSource.PersistentVolumeClaim.ClaimName", key.Name)))
 
 		dd = getDataDownload(ctx, dd)
 		dd.Spec.Cancel = true
 		Expect(k8s.Update(ctx, dd)).To(Succeed())
 		Eventually(dataDownloadPhase(ctx, dd)).Should(Equal(velerov2.DataDownloadPhaseCanceled))
+		Eventually(gone(ctx, intermediate)).Should(BeTrue())
+		Eventually(func() error {
+			return k8s.Get(ctx, client.ObjectKey{Name: intermediate.Spec.VolumeName}, &corev1.PersistentVolume{})
+		}).Should(MatchError(ContainSubstring("not found")), "the intermediate volume is deleted with its claim")
+		user := &corev1.PersistentVolumeClaim{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: vm.namespace, Name: "restored"}, user)).To(Succeed())
+		Expect(user.Spec.VolumeName).To(BeEmpty(), "the user's claim is left as Velero left it")
 	})
 
 	It("has its pods refused by the restricted level when they ask for root", func(ctx context.Context) {
@@ -109,13 +173,7 @@ var _ = Describe("DataDownload", func() {
 		func(ctx context.Context, snapshotID func(*testVM) string, want string) {
 			vm := newVM(ctx)
 			loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
-			Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
-				ObjectMeta: metav1.ObjectMeta{Name: "target", Namespace: vm.namespace},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
-				},
-			})).To(Succeed())
+			restoreClaim(ctx, vm.namespace, "target", corev1.PersistentVolumeFilesystem)
 			dd := newDataDownload(ctx, snapshotID(vm), vm.namespace, "target", loc, nil)
 			Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(time.Minute).Should(Equal(velerov2.DataDownloadPhaseFailed))
 			Expect(getDataDownload(ctx, dd).Status.Message).To(MatchRegexp(want))

@@ -20,8 +20,9 @@ Copyright The kubevirt-qcow2 Authors.
 // controller: a real kube-apiserver and etcd (envtest) with Velero's CRDs
 // and minimal KubeVirt ones, a real S3 server on loopback, and stand-ins for
 // what does not run here — KubeVirt executing VirtualMachineBackups (with
-// real qcow2 files) and the kubelet running the controller's pods (with the
-// pod binary's own code).
+// real qcow2 files), the kubelet running the controller's pods (with the
+// pod binary's own code), and the volume controllers and a provisioner
+// binding claims to volumes (host directories).
 package datamover_test
 
 import (
@@ -124,8 +125,10 @@ var _ = BeforeSuite(func(ctx context.Context) {
 	vols = volumes{root: GinkgoT().TempDir()}
 	kubevirt = newKubeVirtStandIn(k8s, vols)
 	kubelet = newKubeletStandIn(k8s, vols, GinkgoT().TempDir())
+	volumeController := &volumeControllerStandIn{c: k8s, vols: vols}
 	go kubevirt.run(runCtx)
 	go kubelet.run(runCtx)
+	go volumeController.run(runCtx)
 }, NodeTimeout(15*time.Minute))
 
 // veleroCRDPaths are the DataUpload, DataDownload, BackupStorageLocation,

@@ -103,22 +103,13 @@ var _ = Describe("DataUpload", func() {
 		expectTemporariesGone(ctx, tue)
 
 		By("a DataDownload restoring the disk as the second backup saved it")
-		Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "restored", Namespace: vm.namespace},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
-			},
-		})).To(Succeed())
+		restoreClaim(ctx, vm.namespace, "restored", corev1.PersistentVolumeFilesystem)
 		dd := newDataDownload(ctx, getDataUpload(ctx, tue).Status.SnapshotID, vm.namespace, "restored", loc, map[string]string{datamover.ConfigDisk: vm.claim})
 		Eventually(dataDownloadPhase(ctx, dd)).WithTimeout(2 * time.Minute).Should(Equal(velerov2.DataDownloadPhaseCompleted))
 		done := getDataDownload(ctx, dd)
 		Expect(done.Status.Message).To(ContainSubstring("chain of 2"))
 		Expect(done.Status.Progress.BytesDone).To(Equal(fullBytes + incBytes))
-		restored := filepath.Join(vols.dir(vm.namespace, "restored"), datamover.PodTargetFile)
-		Expect(testenv.SHA256(restored)).To(Equal(must(testenv.SHA256(atTue))))
-		Eventually(gone(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: vm.namespace, Name: "kubevirt-restore-" + dd.Name}})).Should(BeTrue())
-		Eventually(gone(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: vm.namespace, Name: "kubevirt-restore-" + dd.Name}})).Should(BeTrue())
+		expectRestoredInto(ctx, dd, vm.namespace, "restored", must(testenv.SHA256(atTue)))
 	})
 
 	It("runs the backups of one VM one at a time, oldest first", func(ctx context.Context) {

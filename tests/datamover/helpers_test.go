@@ -21,6 +21,7 @@ package datamover_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -38,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
@@ -261,7 +263,7 @@ func resourceQuantity(bytes int64) resource.Quantity {
 }
 
 // newDataDownload asks for a restore as Velero's restore item action would.
-func newDataDownload(ctx context.Context, snapshotID, namespace, claim string, l *location, config map[string]string) *velerov2.DataDownload {
+func newDataDownload(ctx context.Context, snapshotID, namespace, claim string, l *location, config map[string]string, change ...func(*velerov2.DataDownload)) *velerov2.DataDownload {
 	dd := &velerov2.DataDownload{
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("restore-%d", specCounter.Add(1)), Namespace: veleroNamespace},
 		Spec: velerov2.DataDownloadSpec{
@@ -273,6 +275,9 @@ func newDataDownload(ctx context.Context, snapshotID, namespace, claim string, l
 			DataMoverConfig:       config,
 			OperationTimeout:      metav1.Duration{Duration: 10 * time.Minute},
 		},
+	}
+	for _, c := range change {
+		c(dd)
 	}
 	Expect(k8s.Create(ctx, dd)).To(Succeed())
 	return dd
@@ -286,4 +291,50 @@ func getDataDownload(ctx context.Context, dd *velerov2.DataDownload) *velerov2.D
 
 func dataDownloadPhase(ctx context.Context, dd *velerov2.DataDownload) func() velerov2.DataDownloadPhase {
 	return func() velerov2.DataDownloadPhase { return getDataDownload(ctx, dd).Status.Phase }
+}
+
+// restoreClaim creates a claim as Velero's restore leaves it for a data
+// mover (its CSI PVC restore action): no volume named, and a selector on
+// velero.io/dynamic-pv-restore that no provisioner serves, so that only the
+// volume the data mover binds to it can satisfy it.
+func restoreClaim(ctx context.Context, namespace, name string, mode corev1.PersistentVolumeMode) {
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			VolumeMode:  &mode,
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{
+				velerov1.DynamicPVRestoreLabel: fmt.Sprintf("%s.%s.r%d", namespace, name, specCounter.Add(1))}},
+		},
+	}
+	Expect(k8s.Create(ctx, pvc)).To(Succeed())
+}
+
+// expectRestoredInto checks that a DataDownload left claim namespace/name
+// bound to a volume of its own holding the disk image whose SHA-256 is
+// want, with the volume's own reclaim policy and no trace of the move,
+// and nothing behind in Velero's namespace.
+func expectRestoredInto(ctx context.Context, dd *velerov2.DataDownload, namespace, name, want string) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, pvc)).To(Succeed())
+	Expect(pvc.Status.Phase).To(Equal(corev1.ClaimBound))
+	pv := &corev1.PersistentVolume{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv)).To(Succeed())
+	Expect(pv.Status.Phase).To(Equal(corev1.VolumeBound))
+	Expect(pv.Spec.ClaimRef).NotTo(BeNil())
+	Expect([]string{pv.Spec.ClaimRef.Namespace, pv.Spec.ClaimRef.Name, string(pv.Spec.ClaimRef.UID)}).To(Equal([]string{namespace, name, string(pvc.UID)}))
+	Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete), "the volume's own reclaim policy")
+	Expect(pv.Labels).NotTo(HaveKey(datamover.LabelOwnerUID))
+	Expect(pv.Annotations).NotTo(HaveKey(datamover.AnnotationReclaimPolicy))
+	for k, v := range pvc.Spec.Selector.MatchLabels {
+		Expect(pv.Labels).To(HaveKeyWithValue(k, v), "the volume matches the claim's selector")
+	}
+	dir, err := vols.claimDir(ctx, k8s, namespace, name)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(testenv.SHA256(filepath.Join(dir, datamover.PodTargetFile))).To(Equal(want))
+	meta := metav1.ObjectMeta{Namespace: veleroNamespace, Name: "kubevirt-restore-" + dd.Name}
+	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.PersistentVolumeClaim{ObjectMeta: meta}} {
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj)).To(MatchError(ContainSubstring("not found")), "%T %s", obj, meta.Name)
+	}
 }

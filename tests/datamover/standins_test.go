@@ -20,6 +20,7 @@ package datamover_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -43,11 +44,6 @@ import (
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
 )
-
-// volumes is the stand-ins' storage: every claim is a host directory.
-type volumes struct{ root string }
-
-func (v volumes) dir(namespace, claim string) string { return filepath.Join(v.root, namespace, claim) }
 
 // standInVolume is the one disk of every test VM.
 const standInVolume = "rootdisk"
@@ -166,8 +162,14 @@ func (k *kubeVirtStandIn) execute(ctx context.Context, u *unstructured.Unstructu
 	if !vmb.Spec.ForceFullBackup && tracker.Status != nil && tracker.Status.LatestCheckpoint != nil {
 		parent = tracker.Status.LatestCheckpoint.Name
 	}
+	claimDir, err := k.vols.claimDir(ctx, k.c, vmb.Namespace, vmb.Spec.PVCName)
+	if errors.Is(err, errUnbound) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("backup claim: %w", err)
+	}
 	checkpoint := vmb.Name + "-" + time.Now().UTC().Format("2006-01-02_15-04-05")
-	dir := filepath.Join(k.vols.dir(vmb.Namespace, vmb.Spec.PVCName), vmName, checkpoint)
+	dir := filepath.Join(claimDir, vmName, checkpoint)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -227,9 +229,10 @@ type kubeletStandIn struct {
 
 	mu      sync.Mutex
 	started map[string]bool
-	// hold leaves pods of a namespace running without running them.
+	// hold leaves pods working for a VM namespace (their DataUpload's
+	// source, their DataDownload's target) running without running them.
 	hold map[string]bool
-	// failWith fails pods of a namespace with this message.
+	// failWith fails pods working for a VM namespace with this message.
 	failWith map[string]string
 }
 
@@ -265,17 +268,60 @@ func (k *kubeletStandIn) startPods(ctx context.Context) error {
 		key := string(pod.UID)
 		k.mu.Lock()
 		skip := k.started[key] || pod.DeletionTimestamp != nil || pod.Status.Phase != "" && pod.Status.Phase != corev1.PodPending
-		if !skip {
-			k.started[key] = true
-		}
-		hold, failWith := k.hold[pod.Namespace], k.failWith[pod.Namespace]
 		k.mu.Unlock()
 		if skip {
 			continue
 		}
+		// As a kubelet, start a pod only once its claims are bound.
+		if ready, err := k.claimsBound(ctx, pod); err != nil || !ready {
+			continue
+		}
+		vmNamespace, err := k.worksFor(ctx, pod)
+		if err != nil {
+			return err
+		}
+		k.mu.Lock()
+		k.started[key] = true
+		hold, failWith := k.hold[vmNamespace], k.failWith[vmNamespace]
+		k.mu.Unlock()
 		go k.runPod(ctx, pod.DeepCopy(), hold, failWith)
 	}
 	return nil
+}
+
+// claimsBound reports whether every claim the pod mounts is bound.
+func (k *kubeletStandIn) claimsBound(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	for _, v := range pod.Spec.Volumes {
+		if v.PersistentVolumeClaim == nil {
+			continue
+		}
+		if _, err := k.vols.claimDir(ctx, k.c, pod.Namespace, v.PersistentVolumeClaim.ClaimName); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+	}
+	return true, nil
+}
+
+// worksFor is the VM namespace a pod works for: its DataUpload's source or
+// its DataDownload's target.
+func (k *kubeletStandIn) worksFor(ctx context.Context, pod *corev1.Pod) (string, error) {
+	namespace, name, _ := strings.Cut(pod.Annotations[datamover.AnnotationOwner], "/")
+	key := client.ObjectKey{Namespace: namespace, Name: name}
+	switch pod.Labels[datamover.LabelOwnerKind] {
+	case datamover.KindDataUpload:
+		du := &velerov2.DataUpload{}
+		if err := k.c.Get(ctx, key, du); err != nil {
+			return "", fmt.Errorf("owner of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		return du.Spec.SourceNamespace, nil
+	case datamover.KindDataDownload:
+		dd := &velerov2.DataDownload{}
+		if err := k.c.Get(ctx, key, dd); err != nil {
+			return "", fmt.Errorf("owner of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		return dd.Spec.TargetVolume.Namespace, nil
+	}
+	return pod.Namespace, nil
 }
 
 func (k *kubeletStandIn) runPod(ctx context.Context, pod *corev1.Pod, hold bool, failWith string) {
@@ -379,7 +425,10 @@ func (k *kubeletStandIn) mounts(ctx context.Context, pod *corev1.Pod) (map[strin
 		dir := filepath.Join(k.tmp, string(pod.UID), m.Name)
 		switch {
 		case src.PersistentVolumeClaim != nil:
-			dir = k.vols.dir(pod.Namespace, src.PersistentVolumeClaim.ClaimName)
+			var err error
+			if dir, err = k.vols.claimDir(ctx, k.c, pod.Namespace, src.PersistentVolumeClaim.ClaimName); err != nil {
+				return nil, fmt.Errorf("claim volume %s: %w", m.Name, err)
+			}
 		case src.Secret != nil:
 			secret := &corev1.Secret{}
 			if err := k.c.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: src.Secret.SecretName}, secret); err != nil {
@@ -388,13 +437,27 @@ func (k *kubeletStandIn) mounts(ctx context.Context, pod *corev1.Pod) (map[strin
 			if err := os.MkdirAll(dir, 0o700); err != nil {
 				return nil, err
 			}
-			keys := make([]string, 0, len(secret.Data))
-			for key := range secret.Data {
+			// The keys the volume names, or all of them.
+			paths := map[string]string{}
+			for _, item := range src.Secret.Items {
+				paths[item.Key] = item.Path
+			}
+			if len(src.Secret.Items) == 0 {
+				for key := range secret.Data {
+					paths[key] = key
+				}
+			}
+			keys := make([]string, 0, len(paths))
+			for key := range paths {
 				keys = append(keys, key)
 			}
 			sort.Strings(keys)
 			for _, key := range keys {
-				if err := os.WriteFile(filepath.Join(dir, key), secret.Data[key], 0o400); err != nil {
+				data, ok := secret.Data[key]
+				if !ok {
+					return nil, fmt.Errorf("secret volume %s: secret %s has no key %q", m.Name, secret.Name, key)
+				}
+				if err := os.WriteFile(filepath.Join(dir, paths[key]), data, 0o400); err != nil {
 					return nil, err
 				}
 			}

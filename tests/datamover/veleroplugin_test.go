@@ -156,7 +156,7 @@ var _ = Describe("the Velero plugin", Ordered, func() {
 		DeferCleanup(plugins.CleanupClients)
 	}, NodeTimeout(10*time.Minute))
 
-	It("backs a VM up as Velero would, restores it into another namespace and deletes the backup", func(ctx context.Context) {
+	It("backs a VM up as Velero would, restores it renamed into another namespace and deletes the backup", func(ctx context.Context) {
 		vm := newVM(ctx)
 		loc := newLocation(ctx, velerov1.BackupStorageLocationPhaseAvailable)
 		atBackup := filepath.Join(GinkgoT().TempDir(), "at-backup.raw")
@@ -206,14 +206,8 @@ var _ = Describe("the Velero plugin", Ordered, func() {
 		By("Velero's restore into another namespace calling the restore item action on the saved VM")
 		target := fmt.Sprintf("restored-%d", specCounter.Add(1))
 		Expect(k8s.Create(ctx, restrictedNamespace(target))).To(Succeed())
-		// Velero restores the claim from the backup before the VM.
-		Expect(k8s.Create(ctx, &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: vm.claim, Namespace: target},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resourceQuantity(diskSize)}},
-			},
-		})).To(Succeed())
+		// Velero restores the claim from the backup before the VM, unbound.
+		restoreClaim(ctx, target, vm.claim, corev1.PersistentVolumeFilesystem)
 		r := &velerov1.Restore{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("plugin-restore-%d", specCounter.Add(1)), Namespace: veleroNamespace},
 			Spec: velerov1.RestoreSpec{BackupName: b.Name, NamespaceMapping: map[string]string{vm.namespace: target},
@@ -225,6 +219,7 @@ var _ = Describe("the Velero plugin", Ordered, func() {
 		saved := updated.(*unstructured.Unstructured)
 		restoring := saved.DeepCopy()
 		restoring.SetNamespace(target)
+		restoring.SetName(vm.name + "-copy")
 		Expect(unstructured.SetNestedField(restoring.Object, string(kubevirtv1.RunStrategyAlways), "spec", "runStrategy")).To(Succeed())
 		out, err := ria.Execute(&velero.RestoreItemActionExecuteInput{Item: restoring, ItemFromBackup: saved, Restore: r})
 		Expect(err).NotTo(HaveOccurred())
@@ -233,14 +228,26 @@ var _ = Describe("the Velero plugin", Ordered, func() {
 		strategy, _, _ := unstructured.NestedString(restoredVM.Object, "spec", "runStrategy")
 		Expect(strategy).To(Equal(string(kubevirtv1.RunStrategyHalted)), "restored stopped")
 		Expect(restoredVM.GetAnnotations()).To(HaveKeyWithValue(datamover.AnnotationOriginalRunStrategy, "Always"))
+		// Velero creates the item the action returned.
+		restoredVM.SetResourceVersion("")
+		restoredVM.SetUID("")
+		Expect(k8s.Create(ctx, restoredVM)).To(Succeed())
 
 		Eventually(func() velero.OperationProgress {
 			p, err := ria.Progress(out.OperationID, r)
 			Expect(err).NotTo(HaveOccurred())
 			return p
 		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(And(HaveField("Completed", BeTrue()), HaveField("Err", BeEmpty())))
-		restored := filepath.Join(vols.dir(target, vm.claim), datamover.PodTargetFile)
-		Expect(testenv.SHA256(restored)).To(Equal(must(testenv.SHA256(atBackup))))
+		dds := &velerov2.DataDownloadList{}
+		Expect(k8s.List(ctx, dds, client.InNamespace(veleroNamespace), client.MatchingLabels{velerov1.AsyncOperationIDLabel: out.OperationID})).To(Succeed())
+		Expect(dds.Items).To(HaveLen(1))
+		expectRestoredInto(ctx, &dds.Items[0], target, vm.claim, must(testenv.SHA256(atBackup)))
+		Eventually(func() (string, error) {
+			u := restoredVM.DeepCopy()
+			err := k8s.Get(ctx, client.ObjectKeyFromObject(u), u)
+			s, _, _ := unstructured.NestedString(u.Object, "spec", "runStrategy")
+			return s, err
+		}).Should(Equal(string(kubevirtv1.RunStrategyAlways)), "started again once its disk is restored")
 
 		By("Velero's deletion of the backup calling the delete item action on the DataUpload of its tarball")
 		dia, err := plugins.GetDeleteItemAction(veleroplugin.DeleteActionName)
