@@ -59,7 +59,7 @@ func run() error {
 	flag.StringVar(&cfg.Image, "image", "", "image of the upload and restore pods (holds datamover-upload)")
 	flag.StringVar(&cfg.Command, "command", "/usr/bin/datamover-upload", "datamover-upload's path in the image")
 	flag.StringVar(&pullPolicy, "image-pull-policy", string(corev1.PullIfNotPresent), "pull policy of the pods' image")
-	flag.StringVar(&cfg.PodServiceAccount, "pod-service-account", "", "service account of the pods in the VM's namespace (enables progress reports)")
+	flag.StringVar(&cfg.PodServiceAccount, "pod-service-account", "", "service account of the pods in Velero's namespace, where they run (enables progress reports)")
 	flag.DurationVar(&cfg.DefaultTimeout, "default-timeout", 4*time.Hour, "timeout when spec.operationTimeout is zero")
 	flag.IntVar(&cfg.MaxChainLength, "max-chain-length", 0, "most layers of a chain, the full base included; 0 for no cap")
 	flag.StringVar(&cfg.StorageClass, "storage-class", "", "storage class of the temporary volumes; empty for the default")

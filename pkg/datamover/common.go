@@ -43,12 +43,15 @@ import (
 const AnnotationCleanedUp = "kubevirt-datamover.io/cleaned-up"
 
 // CacheOptions restrict the manager's pod cache to the controllers' pods
-// and, when namespace is set, Velero's objects to Velero's namespace.
+// and, when namespace is set, the pods and Velero's objects to Velero's
+// namespace, where the pods run.
 func CacheOptions(namespace string) cache.Options {
 	req, _ := labels.NewRequirement(LabelOwnerKind, selection.Exists, nil)
-	by := map[client.Object]cache.ByObject{
-		&corev1.Pod{}: {Label: labels.NewSelector().Add(*req)},
+	pods := cache.ByObject{Label: labels.NewSelector().Add(*req)}
+	if namespace != "" {
+		pods.Namespaces = map[string]cache.Config{namespace: {}}
 	}
+	by := map[client.Object]cache.ByObject{&corev1.Pod{}: pods}
 	if namespace != "" {
 		only := map[string]cache.Config{namespace: {}}
 		by[&velerov2.DataUpload{}] = cache.ByObject{Namespaces: only}

@@ -35,6 +35,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -63,14 +64,18 @@ const AnnotationDisks = "kubevirt-datamover.io/disks"
 //	            Available; tracker, plan, temporary volume and
 //	            VirtualMachineBackup; when KubeVirt has written the files:
 //	            Prepared
-//	Prepared    the upload pod is created; once it runs: InProgress
+//	Prepared    the temporary volume moves from its claim in the VM's
+//	            namespace to one in the DataUpload's (Velero's), where the
+//	            upload pod is created; once it runs: InProgress
 //	InProgress  the pod succeeded: Completed, else Failed
 //
-// spec.cancel moves a live upload through Canceling to Canceled, and
-// spec.operationTimeout (counted from creation) to Failed; every end deletes
-// the temporary volume, the VirtualMachineBackup, the pod and the
-// credentials copy. The tracker stays: it holds KubeVirt's checkpoint for the
-// next incremental.
+// The upload pod runs in Velero's namespace, as Velero's exposers run
+// theirs, beside the location's credentials secret, which it mounts: the
+// credentials never enter the VM's namespace. spec.cancel moves a live
+// upload through Canceling to Canceled, and spec.operationTimeout (counted
+// from creation) to Failed; every end deletes the temporary volume and its
+// claims, the VirtualMachineBackup and the pod. The tracker stays: it holds
+// KubeVirt's checkpoint for the next incremental.
 type DataUploadReconciler struct {
 	// Client reads through the manager's cache and writes.
 	Client client.Client
@@ -97,9 +102,21 @@ type uploadJob struct {
 	du     *velerov2.DataUpload
 	vm     catalog.VM
 	backup string
-	// name is used for the temporary volume, the VirtualMachineBackup, the
-	// pod and the credentials copy, all in the VM's namespace.
+	// name is used for the temporary volume's claim and the
+	// VirtualMachineBackup in the VM's namespace, and for the volume's
+	// claim and the pod in the DataUpload's.
 	name string
+}
+
+// moverKey names the upload pod and the claim it mounts.
+func (j *uploadJob) moverKey() client.ObjectKey {
+	return client.ObjectKey{Namespace: j.du.Namespace, Name: j.name}
+}
+
+func (j *uploadJob) moverMeta() metav1.ObjectMeta {
+	m := j.meta()
+	m.Namespace = j.du.Namespace
+	return m
 }
 
 func (j *uploadJob) meta() metav1.ObjectMeta {
@@ -239,6 +256,9 @@ func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	j := &uploadJob{du: du, vm: vm, backup: backupNameOf(du), name: childName("kubevirt-backup", du.Name)}
 	op := r.op(du, j.temporaries()...)
+	op.release = func(ctx context.Context) error {
+		return releaseVolume(ctx, r.Client, r.Reader, KindDataUpload, du.UID, client.ObjectKey{})
+	}
 	if uploadDone(du.Status.Phase) {
 		return ctrl.Result{}, op.cleanup(ctx)
 	}
@@ -561,19 +581,19 @@ func (r *DataUploadReconciler) upload(ctx context.Context, j *uploadJob) error {
 		return fmt.Errorf("get VirtualMachineBackup %s: %w", j.key(), err)
 	}
 	pod := &corev1.Pod{}
-	if err := r.Client.Get(ctx, j.key(), pod); apierrors.IsNotFound(err) {
+	if err := r.Client.Get(ctx, j.moverKey(), pod); apierrors.IsNotFound(err) {
 		if j.du.Status.Phase == velerov2.DataUploadPhaseInProgress {
-			return fatal("upload pod %s disappeared", j.key())
+			return fatal("upload pod %s disappeared", j.moverKey())
 		}
 		return r.startUpload(ctx, j, u)
 	} else if err != nil {
-		return fmt.Errorf("get upload pod %s: %w", j.key(), err)
+		return fmt.Errorf("get upload pod %s: %w", j.moverKey(), err)
 	}
 	finished, succeeded, message := podOutcome(pod)
 	switch {
 	case !finished:
 		if pod.Status.Phase == corev1.PodRunning && j.du.Status.Phase == velerov2.DataUploadPhasePrepared {
-			return r.setStatus(ctx, j.du, corev1.EventTypeNormal, "UploadStarted", fmt.Sprintf("upload pod %s is running", j.key()),
+			return r.setStatus(ctx, j.du, corev1.EventTypeNormal, "UploadStarted", fmt.Sprintf("upload pod %s is running", j.moverKey()),
 				func(s *velerov2.DataUploadStatus) {
 					s.Phase = velerov2.DataUploadPhaseInProgress
 					s.StartTimestamp = r.now()
@@ -582,7 +602,7 @@ func (r *DataUploadReconciler) upload(ctx context.Context, j *uploadJob) error {
 		}
 		return nil
 	case !succeeded:
-		return fatal("upload pod %s failed: %s", j.key(), firstLine(message))
+		return fatal("upload pod %s failed: %s", j.moverKey(), firstLine(message))
 	}
 	res, err := mover.DecodeUploadResult(message)
 	if err != nil {
@@ -609,15 +629,32 @@ func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u 
 		return err
 	}
 	opts.BSL = loc.manifest
-	if err := r.Client.Create(ctx, credentialsSecret(j.meta(), loc.credentials)); err != nil && !apierrors.IsAlreadyExists(err) {
-		return apiFailure(err, "copy the location's credentials to %s", j.key())
+	move := &volumeMove{client: r.Client, reader: r.Reader, kind: KindDataUpload, uid: j.du.UID,
+		owner: j.du.Namespace + "/" + j.du.Name, from: j.key(), to: j.moverKey(), newClaim: j.moverClaim}
+	volume, err := move.run(ctx)
+	if err != nil {
+		return err
 	}
-	pod := r.Config.uploadPod(j.meta(), secretKey{name: j.name, key: defaultCredentialsKey}, j.name, opts.Args(), opts.Env())
+	pod := r.Config.uploadPod(j.moverMeta(), loc.secret, j.name, opts.Args(), opts.Env())
 	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
-		return apiFailure(err, "create upload pod %s", j.key())
+		return apiFailure(err, "create upload pod %s", j.moverKey())
 	}
-	r.Recorder.Eventf(j.du, corev1.EventTypeNormal, "UploadPodCreated", "upload pod %s created for %s checkpoint %s", j.key(), opts.Type, opts.Checkpoint)
+	r.Recorder.Eventf(j.du, corev1.EventTypeNormal, "UploadPodCreated", "upload pod %s created for %s checkpoint %s on volume %s",
+		j.moverKey(), opts.Type, opts.Checkpoint, volume)
 	return nil
+}
+
+// moverClaim binds the temporary volume in the DataUpload's namespace, as
+// a claim there names it: its class, modes and capacity.
+func (j *uploadJob) moverClaim(pv *corev1.PersistentVolume) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{ObjectMeta: j.moverMeta(), Spec: corev1.PersistentVolumeClaimSpec{
+		AccessModes:      pv.Spec.AccessModes,
+		StorageClassName: ptr.To(pv.Spec.StorageClassName),
+		VolumeMode:       pv.Spec.VolumeMode,
+		VolumeName:       pv.Name,
+		Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
+			corev1.ResourceStorage: pv.Spec.Capacity[corev1.ResourceStorage]}},
+	}}
 }
 
 // uploadOptions tells the pod what KubeVirt wrote. A backup KubeVirt took
@@ -720,15 +757,17 @@ func (r *DataUploadReconciler) complete(ctx context.Context, j *uploadJob, vmb *
 	return op.cleanup(ctx)
 }
 
-// temporaries are what a DataUpload creates in the VM's namespace and its
-// end deletes.
+// temporaries are what a DataUpload creates and its end deletes: in
+// Velero's namespace the pod and the claim it mounts, in the VM's the
+// VirtualMachineBackup and the claim KubeVirt wrote to.
 func (j *uploadJob) temporaries() []client.Object {
-	meta := metav1.ObjectMeta{Name: j.name, Namespace: j.vm.Namespace}
+	inVM := metav1.ObjectMeta{Name: j.name, Namespace: j.vm.Namespace}
+	inVelero := metav1.ObjectMeta{Name: j.name, Namespace: j.du.Namespace}
 	vmb := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
 	vmb.SetName(j.name)
 	vmb.SetNamespace(j.vm.Namespace)
-	return []client.Object{&corev1.Pod{ObjectMeta: meta}, vmb,
-		&corev1.PersistentVolumeClaim{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}}
+	return []client.Object{&corev1.Pod{ObjectMeta: inVelero}, &corev1.PersistentVolumeClaim{ObjectMeta: inVelero}, vmb,
+		&corev1.PersistentVolumeClaim{ObjectMeta: inVM}}
 }
 
 func (r *DataUploadReconciler) op(du *velerov2.DataUpload, temporaries ...client.Object) *operation[velerov2.DataUploadPhase] {

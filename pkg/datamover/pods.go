@@ -132,14 +132,6 @@ func credentialsVolume(creds secretKey) corev1.Volume {
 		DefaultMode: ptr.To[int32](0o400)}}}
 }
 
-// credentialsSecret copies a location's credentials into the namespace where
-// a pod that needs them runs: a pod can only mount secrets of its own
-// namespace. The copy lives as long as the pod.
-func credentialsSecret(meta metav1.ObjectMeta, data []byte) *corev1.Secret {
-	return &corev1.Secret{ObjectMeta: meta, Type: corev1.SecretTypeOpaque,
-		Data: map[string][]byte{defaultCredentialsKey: data}}
-}
-
 // podSpec is the common part of upload and restore pods.
 func (c *Config) pod(meta metav1.ObjectMeta, creds secretKey, args []string, env map[string]string) *corev1.Pod {
 	names := make([]string, 0, len(env))

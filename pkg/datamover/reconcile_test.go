@@ -31,6 +31,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -155,10 +156,10 @@ func inVelero(name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Name: name, Namespace: "velero"}
 }
 
-// moverPod is an upload pod in phase; a finished one carries message as
-// its termination message.
+// moverPod is an upload pod in phase, in Velero's namespace; a finished one
+// carries message as its termination message.
 func moverPod(name string, phase corev1.PodPhase, message string) *corev1.Pod {
-	return moverPodIn(inProd(name), phase, message)
+	return moverPodIn(inVelero(name), phase, message)
 }
 
 // restorePod is the restore pod of restore-db.
@@ -194,7 +195,27 @@ func vmBackupIs(condition, message, checkpoint string) *kubevirtbackup.VMBackupS
 // uploadTemporaries are what a DataUpload creates and its end deletes.
 func uploadTemporaries() []client.Object {
 	return []client.Object{moverPod(uploadChild, corev1.PodRunning, ""), vmBackup(nil),
-		&corev1.PersistentVolumeClaim{ObjectMeta: inProd(uploadChild)}, &corev1.Secret{ObjectMeta: inProd(uploadChild)}}
+		&corev1.PersistentVolumeClaim{ObjectMeta: inProd(uploadChild)}, &corev1.PersistentVolumeClaim{ObjectMeta: inVelero(uploadChild)}}
+}
+
+// backupVolume is the temporary volume KubeVirt wrote, bound to its claim
+// in the VM's namespace.
+func backupVolume(change ...func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
+	return testVolume("pvc-backup", corev1.ObjectReference{Namespace: "prod", Name: uploadChild, UID: "backup-claim-uid"}, change...)
+}
+
+var heldByUpload = heldBy(KindDataUpload, "du-uid")
+
+// boundInVelero makes the volume bound to the upload pod's claim.
+func boundInVelero(pv *corev1.PersistentVolume) {
+	pv.Spec.ClaimRef = &corev1.ObjectReference{Namespace: "velero", Name: uploadChild, UID: "mover-claim-uid"}
+}
+
+// claimOf is a claim bound to volume pvc-backup.
+func claimOf(meta metav1.ObjectMeta, uid types.UID) *corev1.PersistentVolumeClaim {
+	meta.UID = uid
+	return &corev1.PersistentVolumeClaim{ObjectMeta: meta, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "pvc-backup"},
+		Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound}}
 }
 
 // downloadTemporaries are what a DataDownload creates and its end deletes:
@@ -212,12 +233,12 @@ func intermediateClaimOf(volume string) *corev1.PersistentVolumeClaim {
 		Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound}}
 }
 
-// restoredVolume is the volume the restore pod wrote, bound to the
-// intermediate claim as the provisioner left it.
-func restoredVolume(change ...func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
-	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-restore", Labels: map[string]string{}, Annotations: map[string]string{}},
+// testVolume is a provisioned volume bound to claim.
+func testVolume(name string, claim corev1.ObjectReference, change ...func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}, Annotations: map[string]string{}},
 		Spec: corev1.PersistentVolumeSpec{PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
-			ClaimRef: &corev1.ObjectReference{Namespace: "velero", Name: downloadChild, UID: "intermediate-uid"}},
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: "fast",
+			Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}, ClaimRef: &claim},
 		Status: corev1.PersistentVolumeStatus{Phase: corev1.VolumeBound}}
 	for _, c := range change {
 		c(pv)
@@ -225,15 +246,25 @@ func restoredVolume(change ...func(*corev1.PersistentVolume)) *corev1.Persistent
 	return pv
 }
 
-// heldByDownload is a volume restore-db holds while it moves it.
-func heldByDownload(pv *corev1.PersistentVolume) {
-	for k, v := range ownerLabels(KindDataDownload, "dd-uid") {
-		pv.Labels[k] = v
-	}
-	pv.Annotations[AnnotationOwner] = "velero/restore-db"
-	pv.Annotations[AnnotationReclaimPolicy] = string(pv.Spec.PersistentVolumeReclaimPolicy)
-	pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+// restoredVolume is the volume the restore pod wrote, bound to the
+// intermediate claim as the provisioner left it.
+func restoredVolume(change ...func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
+	return testVolume("pvc-restore", corev1.ObjectReference{Namespace: "velero", Name: downloadChild, UID: "intermediate-uid"}, change...)
 }
+
+// heldBy makes a volume held by a DataUpload or DataDownload while it
+// moves it.
+func heldBy(kind string, uid types.UID) func(*corev1.PersistentVolume) {
+	return func(pv *corev1.PersistentVolume) {
+		for k, v := range ownerLabels(kind, uid) {
+			pv.Labels[k] = v
+		}
+		pv.Annotations[AnnotationReclaimPolicy] = string(pv.Spec.PersistentVolumeReclaimPolicy)
+		pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+	}
+}
+
+var heldByDownload = heldBy(KindDataDownload, "dd-uid")
 
 // boundTo makes a volume bound to the user's claim db-root.
 func boundTo(pv *corev1.PersistentVolume) {
@@ -283,7 +314,7 @@ func (t *stepper) vm() *kubevirtv1.VirtualMachine {
 // newUpload is the DataUpload of backup nightly of VM prod/db in phase.
 func newUpload(phase velerov2.DataUploadPhase) *velerov2.DataUpload {
 	return &velerov2.DataUpload{
-		ObjectMeta: metav1.ObjectMeta{Name: "nightly-db", Namespace: "velero", CreationTimestamp: metav1.NewTime(created),
+		ObjectMeta: metav1.ObjectMeta{Name: "nightly-db", Namespace: "velero", UID: "du-uid", CreationTimestamp: metav1.NewTime(created),
 			Labels:      map[string]string{LabelBackupName: "nightly"},
 			Annotations: map[string]string{AnnotationVMName: "db", AnnotationVMNamespace: "prod"}},
 		Spec:   velerov2.DataUploadSpec{DataMover: DataMover, BackupStorageLocation: "default", SourceNamespace: "prod", SourcePVC: "db-root"},
@@ -366,16 +397,63 @@ var _ = Describe("the DataUpload state machine", func() {
 		Entry("Accepted: KubeVirt named no checkpoint", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", ""))},
 			phase: "Failed", message: "completed without a checkpoint name$", event: "Warning Failed", cleaned: true}),
-		Entry("Prepared: the upload pod is created", newUpload(velerov2.DataUploadPhasePrepared), step{
-			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1"))},
+		Entry("Prepared: the backup's volume is held, its claim in the VM's namespace deleted", newUpload(velerov2.DataUploadPhasePrepared), step{
+			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1")), claimOf(inProd(uploadChild), "backup-claim-uid"), backupVolume()},
+			phase: "Prepared", message: "^waiting for claim prod/kubevirt-backup-nightly-db to be deleted$", event: "Normal WaitingForClaimDeletion",
+			result: ctrl.Result{RequeueAfter: movePause},
+			then: func(t *stepper) {
+				pv := &corev1.PersistentVolume{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Name: "pvc-backup"}, pv)).To(Succeed())
+				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimRetain))
+				Expect(pv.Labels).To(HaveKeyWithValue(LabelOwnerUID, "du-uid"))
+				Expect(t.exists(&corev1.PersistentVolumeClaim{ObjectMeta: inProd(uploadChild)})).To(BeFalse())
+			}}),
+		Entry("Prepared: the held volume is claimed in Velero's namespace", newUpload(velerov2.DataUploadPhasePrepared), step{
+			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1")), backupVolume(heldByUpload)},
+			phase: "Prepared", message: "^waiting for volume pvc-backup to bind to claim velero/kubevirt-backup-nightly-db$", event: "Normal WaitingForBinding",
+			result: ctrl.Result{RequeueAfter: movePause},
+			then: func(t *stepper) {
+				claim := &corev1.PersistentVolumeClaim{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Namespace: "velero", Name: uploadChild}, claim)).To(Succeed())
+				Expect(claim.Spec.VolumeName).To(Equal("pvc-backup"))
+				Expect(claim.Spec.StorageClassName).To(HaveValue(Equal("fast")))
+				Expect(claim.Spec.Resources.Requests).To(HaveKeyWithValue(corev1.ResourceStorage, resource.MustParse("1Gi")))
+				pv := &corev1.PersistentVolume{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Name: "pvc-backup"}, pv)).To(Succeed())
+				Expect([]string{pv.Spec.ClaimRef.Namespace, pv.Spec.ClaimRef.Name}).To(Equal([]string{"velero", uploadChild}))
+			}}),
+		Entry("Prepared: with the volume bound in Velero's namespace, the upload pod is created there", newUpload(velerov2.DataUploadPhasePrepared), step{
+			objs: []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1")),
+				backupVolume(heldByUpload, boundInVelero), claimOf(inVelero(uploadChild), "mover-claim-uid")},
 			phase: "Prepared", event: "Normal UploadPodCreated", result: ctrl.Result{RequeueAfter: left},
-			creates: []client.Object{&corev1.Pod{ObjectMeta: inProd(uploadChild)}, &corev1.Secret{ObjectMeta: inProd(uploadChild)}}}),
+			creates: []client.Object{&corev1.Pod{ObjectMeta: inVelero(uploadChild)}},
+			then: func(t *stepper) {
+				pod := &corev1.Pod{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Namespace: "velero", Name: uploadChild}, pod)).To(Succeed())
+				Expect(pod.Spec.Volumes).To(ContainElements(
+					HaveField("VolumeSource.Secret.SecretName", defaultCredentialsSecret),
+					HaveField("VolumeSource.PersistentVolumeClaim", HaveValue(Equal(corev1.PersistentVolumeClaimVolumeSource{ClaimName: uploadChild, ReadOnly: true})))))
+				secrets := &corev1.SecretList{}
+				Expect(t.c.List(t.ctx, secrets, client.InNamespace("prod"))).To(Succeed())
+				Expect(secrets.Items).To(BeEmpty(), "no credentials in the VM's namespace")
+				pv := &corev1.PersistentVolume{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Name: "pvc-backup"}, pv)).To(Succeed())
+				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete), "deleted with the pod's claim at the end")
+			}}),
+		Entry("Failed: a volume still held goes with its claims", newUpload(velerov2.DataUploadPhaseFailed), step{
+			objs: append(uploadTemporaries(), backupVolume(heldByUpload)), phase: "Failed", cleaned: true,
+			then: func(t *stepper) {
+				pv := &corev1.PersistentVolume{}
+				Expect(t.c.Get(t.ctx, client.ObjectKey{Name: "pvc-backup"}, pv)).To(Succeed())
+				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete))
+				Expect(pv.Labels).NotTo(HaveKey(LabelOwnerUID))
+			}}),
 		Entry("Prepared: a pending pod changes nothing", newUpload(velerov2.DataUploadPhasePrepared), step{
 			objs:  []client.Object{vmBackup(nil), moverPod(uploadChild, corev1.PodPending, "")},
 			phase: "Prepared", result: ctrl.Result{RequeueAfter: left}}),
 		Entry("Prepared: the pod runs", newUpload(velerov2.DataUploadPhasePrepared), step{
 			objs:  []client.Object{vmBackup(nil), moverPod(uploadChild, corev1.PodRunning, "")},
-			phase: "InProgress", message: "^upload pod prod/kubevirt-backup-nightly-db is running$", event: "Normal UploadStarted",
+			phase: "InProgress", message: "^upload pod velero/kubevirt-backup-nightly-db is running$", event: "Normal UploadStarted",
 			result: ctrl.Result{RequeueAfter: left}}),
 		Entry("InProgress: the pod succeeded", newUpload(velerov2.DataUploadPhaseInProgress), step{
 			objs: append(uploadTemporaries()[1:], moverPod(uploadChild, corev1.PodSucceeded,
@@ -384,11 +462,11 @@ var _ = Describe("the DataUpload state machine", func() {
 			event: "Normal Completed", cleaned: true, result: ctrl.Result{RequeueAfter: left}}),
 		Entry("InProgress: the pod failed", newUpload(velerov2.DataUploadPhaseInProgress), step{
 			objs:  append(uploadTemporaries()[1:], moverPod(uploadChild, corev1.PodFailed, "no space left on device\nat line 3")),
-			phase: "Failed", message: "^upload pod prod/kubevirt-backup-nightly-db failed: no space left on device$",
+			phase: "Failed", message: "^upload pod velero/kubevirt-backup-nightly-db failed: no space left on device$",
 			event: "Warning Failed", cleaned: true}),
 		Entry("InProgress: the pod disappeared", newUpload(velerov2.DataUploadPhaseInProgress), step{
 			objs:  []client.Object{vmBackup(nil)},
-			phase: "Failed", message: "^upload pod prod/kubevirt-backup-nightly-db disappeared$", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "^upload pod velero/kubevirt-backup-nightly-db disappeared$", event: "Warning Failed", cleaned: true}),
 		Entry("InProgress: the VirtualMachineBackup disappeared", newUpload(velerov2.DataUploadPhaseInProgress), step{
 			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db disappeared$", event: "Warning Failed", cleaned: true}),
 		Entry("InProgress: the operation timed out", with(newUpload(velerov2.DataUploadPhaseInProgress), func(du *velerov2.DataUpload) {

@@ -181,10 +181,10 @@ var _ = Describe("DataUpload", func() {
 		}, `^VirtualMachineBackup vms-\d+/kubevirt-backup-fri-vms-\d+ failed: guest agent did not thaw in time$`),
 		Entry("the upload pod fails", func(vm *testVM) {
 			kubelet.failPods(vm.namespace, "connection reset by peer")
-		}, `^upload pod vms-\d+/kubevirt-backup-fri-vms-\d+ failed: connection reset by peer$`),
+		}, `^upload pod velero/kubevirt-backup-fri-vms-\d+ failed: connection reset by peer$`),
 		Entry("KubeVirt's file is no qcow2 image", func(vm *testVM) {
 			kubevirt.set(vm.namespace, vm.name, func(v *standInVM) { v.corrupt = true })
-		}, `^upload pod vms-\d+/kubevirt-backup-fri-vms-\d+ failed: upload volume rootdisk: disk db-rootdisk of checkpoint .*: Image is not in qcow2 format$`),
+		}, `^upload pod velero/kubevirt-backup-fri-vms-\d+ failed: upload volume rootdisk: disk db-rootdisk of checkpoint .*: Image is not in qcow2 format$`),
 	)
 
 	DescribeTable("cancels on spec.cancel and removes its temporaries",
@@ -194,6 +194,21 @@ var _ = Describe("DataUpload", func() {
 			holdAt(vm)
 			du := newDataUpload(ctx, vm, loc, "sat")
 			Eventually(dataUploadPhase(ctx, du)).WithTimeout(2 * time.Minute).Should(Equal(phaseBefore))
+			if phaseBefore == velerov2.DataUploadPhaseInProgress {
+				By("the upload pod running in Velero's namespace on the backup's volume, with the location's own secret")
+				pod := &corev1.Pod{}
+				Expect(k8s.Get(ctx, client.ObjectKey{Namespace: veleroNamespace, Name: temporaryName(du)}, pod)).To(Succeed())
+				Expect(pod.Spec.Volumes).To(ContainElements(
+					HaveField("VolumeSource.Secret.SecretName", credentialsName),
+					HaveField("VolumeSource.PersistentVolumeClaim", HaveValue(HaveField("ReadOnly", BeTrue())))))
+				claim := &corev1.PersistentVolumeClaim{}
+				Expect(k8s.Get(ctx, client.ObjectKey{Namespace: veleroNamespace, Name: temporaryName(du)}, claim)).To(Succeed())
+				pv := &corev1.PersistentVolume{}
+				Expect(k8s.Get(ctx, client.ObjectKey{Name: claim.Spec.VolumeName}, pv)).To(Succeed())
+				Expect(pv.Spec.ClaimRef.Namespace).To(Equal(veleroNamespace))
+				Expect(gone(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: vm.namespace, Name: temporaryName(du)}})()).To(BeTrue())
+				expectNoCredentials(ctx, vm.namespace)
+			}
 			updateDataUpload(ctx, du, func(d *velerov2.DataUpload) { d.Spec.Cancel = true })
 			Eventually(dataUploadPhase(ctx, du)).Should(Equal(velerov2.DataUploadPhaseCanceled))
 			Expect(getDataUpload(ctx, du).Status.Message).To(Equal("canceled"))

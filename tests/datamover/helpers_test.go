@@ -231,16 +231,33 @@ func gone(ctx context.Context, obj client.Object) func() bool {
 	}
 }
 
-// expectTemporariesGone checks that the claim, the VirtualMachineBackup, the
-// pod and the credentials copy of a DataUpload went away.
+// expectTemporariesGone checks that the claims (in the VM's namespace and
+// in Velero's), the VirtualMachineBackup, the pod and the volume of a
+// DataUpload went away, and that no credentials ever were in the VM's
+// namespace.
 func expectTemporariesGone(ctx context.Context, du *velerov2.DataUpload) {
-	meta := metav1.ObjectMeta{Namespace: du.Spec.SourceNamespace, Name: temporaryName(du)}
+	inVM := metav1.ObjectMeta{Namespace: du.Spec.SourceNamespace, Name: temporaryName(du)}
+	inVelero := metav1.ObjectMeta{Namespace: veleroNamespace, Name: temporaryName(du)}
 	for _, obj := range []client.Object{
-		&corev1.PersistentVolumeClaim{ObjectMeta: meta}, vmBackupOf(du),
-		&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta},
+		&corev1.PersistentVolumeClaim{ObjectMeta: inVM}, vmBackupOf(du),
+		&corev1.Pod{ObjectMeta: inVelero}, &corev1.PersistentVolumeClaim{ObjectMeta: inVelero},
 	} {
-		Eventually(gone(ctx, obj)).Should(BeTrue(), "%T %s/%s", obj, meta.Namespace, meta.Name)
+		Eventually(gone(ctx, obj)).Should(BeTrue(), "%T %s/%s", obj, obj.GetNamespace(), obj.GetName())
 	}
+	Eventually(func() []corev1.PersistentVolume {
+		list := &corev1.PersistentVolumeList{}
+		Expect(k8s.List(ctx, list, client.MatchingLabels{datamover.LabelOwnerUID: string(du.UID)})).To(Succeed())
+		return list.Items
+	}).Should(BeEmpty(), "no volume held")
+	expectNoCredentials(ctx, du.Spec.SourceNamespace)
+}
+
+// expectNoCredentials checks that a VM's namespace holds no secret: the
+// location's credentials stay in Velero's namespace.
+func expectNoCredentials(ctx context.Context, namespace string) {
+	secrets := &corev1.SecretList{}
+	Expect(k8s.List(ctx, secrets, client.InNamespace(namespace))).To(Succeed())
+	Expect(secrets.Items).To(BeEmpty(), "secrets in %s", namespace)
 }
 
 // eventReasons lists the reasons of the events about an object.
