@@ -16,7 +16,8 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-// Package blockdev tells block devices from other files.
+// Package blockdev tells block devices from other files and drives loop
+// devices: attach, grow online, find by backing file, detach.
 package blockdev
 
 import "os"

@@ -21,52 +21,38 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"strings"
+
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/blockdev"
 )
 
+// The loop devices of the tests are internal/blockdev's, the same code the
+// CSI driver and the thin-provisioning extender run; ctx is kept for the
+// callers, the ioctls do not block.
+
 // AttachLoop attaches a file to a free loop device and returns the device.
-func AttachLoop(ctx context.Context, file string) (string, error) {
-	out, err := run(ctx, "losetup", "--find", "--show", file)
-	if err != nil {
-		return "", fmt.Errorf("attach %s to a loop device: %w", file, err)
-	}
-	return strings.TrimSpace(out), nil
+func AttachLoop(_ context.Context, file string) (string, error) {
+	return blockdev.AttachLoop(file, false)
 }
 
 // DetachLoop detaches a loop device.
-func DetachLoop(ctx context.Context, dev string) error {
-	if _, err := run(ctx, "losetup", "--detach", dev); err != nil {
-		return fmt.Errorf("detach loop device %s: %w", dev, err)
-	}
-	return nil
+func DetachLoop(_ context.Context, dev string) error {
+	return blockdev.DetachLoop(dev)
 }
 
 // GrowLoop grows the file behind a loop device to size bytes and makes the
 // device, and a QEMU using it, see the new size: online, no QMP call.
-func GrowLoop(ctx context.Context, dev, file string, size int64) error {
+func GrowLoop(_ context.Context, dev, file string, size int64) error {
 	if err := os.Truncate(file, size); err != nil {
 		return fmt.Errorf("grow loop device %s: %w", dev, err)
 	}
-	if _, err := run(ctx, "losetup", "--set-capacity", dev); err != nil {
-		return fmt.Errorf("grow loop device %s: %w", dev, err)
-	}
-	return nil
+	_, err := blockdev.RefreshLoopCapacity(dev)
+	return err
 }
 
 // DeviceSize is the size in bytes of a block device (or file).
 func DeviceSize(path string) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, fmt.Errorf("size of %s: %w", path, err)
-	}
-	defer f.Close()
-	size, err := f.Seek(0, io.SeekEnd)
-	if err != nil {
-		return 0, fmt.Errorf("size of %s: %w", path, err)
-	}
-	return size, nil
+	return blockdev.Size(path)
 }
 
 // CreateLoopFile creates a sparse file of size bytes and attaches it to a

@@ -22,10 +22,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/blockdev"
 )
 
 // LoopExtender grows a loop device by growing its backing file and telling
@@ -41,12 +39,11 @@ type LoopExtender struct {
 // NewLoopExtender makes a LoopExtender for device, finding its backing
 // file in sysfs.
 func NewLoopExtender(device string) (*LoopExtender, error) {
-	name := filepath.Base(device)
-	data, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
+	file, err := blockdev.LoopBackingFile(device)
 	if err != nil {
-		return nil, fmt.Errorf("find the backing file of %s: %w", device, err)
+		return nil, err
 	}
-	return &LoopExtender{Device: device, BackingFile: strings.TrimSpace(string(data))}, nil
+	return &LoopExtender{Device: device, BackingFile: file}, nil
 }
 
 // Extend grows the backing file to size and the device with it.
@@ -63,17 +60,9 @@ func (l *LoopExtender) Extend(ctx context.Context, size int64) (int64, error) {
 			return 0, fmt.Errorf("extend %s: grow %s: %w", l.Device, l.BackingFile, err)
 		}
 	}
-	dev, err := os.Open(l.Device)
+	got, err := blockdev.RefreshLoopCapacity(l.Device)
 	if err != nil {
 		return 0, fmt.Errorf("extend %s: %w", l.Device, err)
 	}
-	defer dev.Close()
-	if err := unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_SET_CAPACITY, 0); err != nil {
-		return 0, fmt.Errorf("extend %s: LOOP_SET_CAPACITY: %w", l.Device, err)
-	}
-	got, err := unix.IoctlGetUint64(int(dev.Fd()), unix.BLKGETSIZE64)
-	if err != nil {
-		return 0, fmt.Errorf("extend %s: read device size: %w", l.Device, err)
-	}
-	return int64(got), nil
+	return got, nil
 }
