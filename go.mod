@@ -42,10 +42,12 @@ replace (
 )
 
 require (
+	github.com/container-storage-interface/spec v1.9.0
 	github.com/dustin/go-humanize v1.0.1
 	github.com/go-logr/logr v1.4.3
 	github.com/google/go-containerregistry v0.20.6
 	github.com/hashicorp/go-plugin v1.6.0
+	github.com/kubernetes-csi/csi-test/v5 v5.2.0
 	github.com/minio/minio-go/v7 v7.4.1
 	github.com/onsi/ginkgo/v2 v2.22.1
 	github.com/onsi/gomega v1.36.2
@@ -57,11 +59,13 @@ require (
 	golang.org/x/image v0.46.0
 	golang.org/x/sys v0.50.0
 	google.golang.org/grpc v1.73.0
+	google.golang.org/protobuf v1.36.12
 	k8s.io/api v0.33.5
 	k8s.io/apiextensions-apiserver v0.33.5
 	k8s.io/apimachinery v0.33.5
 	k8s.io/client-go v12.0.0+incompatible
 	k8s.io/klog/v2 v2.130.1
+	k8s.io/kubelet v0.33.5
 	k8s.io/utils v0.0.0-20241210054802-24370beab758
 	kubevirt.io/api v1.7.0
 	kubevirt.io/kubevirt v1.7.0
@@ -158,10 +162,10 @@ require (
 	golang.org/x/tools v0.50.0 // indirect
 	gomodules.xyz/jsonpatch/v2 v2.4.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250603155806-513f23925822 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.12.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/ini.v1 v1.67.3 // indirect
+	gopkg.in/yaml.v2 v2.4.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	k8s.io/kube-aggregator v0.33.3 // indirect
 	k8s.io/kube-openapi v0.31.0 // indirect

@@ -16,8 +16,10 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-// Package csiloop_test is the functional suite of loop devices as the
-// project drives them, by ioctl (internal/blockdev). Needs root.
+// Package csiloop_test is the functional suite of the csi-loop CSI driver
+// and of the loop devices under it (internal/blockdev): csi-sanity and a
+// volume's whole life on real loop devices and bind mounts, restarts of
+// the driver, and devices it must leave alone. Needs root.
 package csiloop_test
 
 import (
@@ -34,8 +36,7 @@ import (
 )
 
 func TestCSILoop(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "csi-loop functional Suite")
+	framework.RunSuite(t, "csi-loop functional Suite")
 }
 
 const mib = int64(1) << 20
