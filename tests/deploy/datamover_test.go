@@ -20,7 +20,6 @@ package deploy_test
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -28,7 +27,6 @@ import (
 	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
 	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	appsv1 "k8s.io/api/apps/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -39,6 +37,7 @@ import (
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 const (
@@ -61,7 +60,7 @@ var _ = Describe("deploy/datamover", Ordered, func() {
 		for _, ns := range []string{veleroNamespace, vmNamespace} {
 			Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 		}
-		applyServerSide(ctx, c, render("datamover"))
+		framework.ApplyServerSide(ctx, c, framework.Render("datamover"))
 	})
 
 	It("runs the controller from its image as its account, serving Velero's namespace", func() {
@@ -81,7 +80,7 @@ var _ = Describe("deploy/datamover", Ordered, func() {
 	DescribeTable("allows what the controller does",
 		func(namespace, group, resource string, verbs ...string) {
 			for _, verb := range verbs {
-				Expect(allowed(ctx, c, namespace, group, resource, verb)).To(BeTrue(), "%s %s.%s in %q", verb, resource, group, namespace)
+				Expect(framework.Allowed(ctx, c, controllerUser, namespace, group, resource, verb)).To(BeTrue(), "%s %s.%s in %q", verb, resource, group, namespace)
 			}
 		},
 		Entry("watch and patch DataUploads", veleroNamespace, "velero.io", "datauploads", "get", "list", "watch", "patch"),
@@ -102,7 +101,7 @@ var _ = Describe("deploy/datamover", Ordered, func() {
 
 	DescribeTable("allows nothing more",
 		func(namespace, group, resource, verb string) {
-			Expect(allowed(ctx, c, namespace, group, resource, verb)).To(BeFalse(), "%s %s.%s in %q", verb, resource, group, namespace)
+			Expect(framework.Allowed(ctx, c, controllerUser, namespace, group, resource, verb)).To(BeFalse(), "%s %s.%s in %q", verb, resource, group, namespace)
 		},
 		Entry("read secrets outside Velero's namespace", vmNamespace, "", "secrets", "get"),
 		Entry("write secrets in a VM's namespace (no credentials copy)", vmNamespace, "", "secrets", "create"),
@@ -172,17 +171,4 @@ func vmBackupList() *unstructured.UnstructuredList {
 	l.SetAPIVersion(kubevirtbackup.VMBackupGVK.GroupVersion().String())
 	l.SetKind(kubevirtbackup.VMBackupGVK.Kind + "List")
 	return l
-}
-
-// allowed asks the API server whether the controller's account may verb
-// the resource in namespace ("" for all namespaces).
-func allowed(ctx context.Context, c client.Client, namespace, group, resource, verb string) bool {
-	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: controllerUser,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: namespace, Group: group, Resource: resource, Verb: verb,
-		},
-	}}
-	Expect(c.Create(ctx, review)).To(Succeed(), fmt.Sprintf("review %s %s", verb, resource))
-	return review.Status.Allowed
 }

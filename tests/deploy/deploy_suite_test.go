@@ -32,10 +32,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/apiserver"
@@ -88,22 +85,4 @@ func veleroCRDs() []string {
 		filepath.Join(crds, "v2alpha1", "bases", "velero.io_datadownloads.yaml"),
 		filepath.Join(crds, "v1", "bases", "velero.io_backupstoragelocations.yaml"),
 	}
-}
-
-// render builds a kustomization under deploy/ as `kubectl apply -k` would.
-func render(kustomization string) []*unstructured.Unstructured {
-	dir := filepath.Join(testenv.RepoRoot(), "deploy", kustomization)
-	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
-	Expect(err).ToNot(HaveOccurred(), "kustomize build %s", dir)
-	var objs []*unstructured.Unstructured
-	for _, res := range resMap.Resources() {
-		// Through JSON: kustomize's maps hold Go ints, which unstructured
-		// objects do not.
-		data, err := res.MarshalJSON()
-		Expect(err).ToNot(HaveOccurred())
-		obj := &unstructured.Unstructured{}
-		Expect(obj.UnmarshalJSON(data)).To(Succeed())
-		objs = append(objs, obj)
-	}
-	return objs
 }

@@ -49,7 +49,7 @@ var _ = Describe("deploy/examples", Ordered, func() {
 		var err error
 		c, err = client.New(apiConfig, client.Options{Scheme: s})
 		Expect(err).ToNot(HaveOccurred())
-		objs := render("examples")
+		objs := framework.Render("examples")
 		// The namespace for real, so that the rest can be dry-run in it.
 		Expect(objs[0].GetKind()).To(Equal("Namespace"))
 		Expect(c.Create(ctx, objs[0].DeepCopy())).To(Succeed())
