@@ -25,6 +25,7 @@ deps:
 	hack/envtest-assets.sh >/dev/null
 	hack/s3-server.sh >/dev/null
 	hack/golangci-lint.sh >/dev/null
+	hack/csi-sidecars.sh >/dev/null
 
 build: $(BIN)/container-disk go-build kubevirt
 
@@ -37,10 +38,13 @@ go-build:
 
 # OCI image layouts under _out/images, built without a container engine;
 # the same inputs give the same digests. Ours are from scratch: the hook,
-# and the datamover controller's, pods' and Velero plugin's images
+# the datamover controller's, pods' and Velero plugin's images
 # (hack/datamover-images.sh: non-root, the first two with the machine's CA
 # bundle, the pods' with qemu-img and the libraries it loads on this
-# machine). The patched KubeVirt
+# machine), and deploy/csi-loop's CSI driver with the external-provisioner
+# and external-resizer sidecars built from the Go module proxy
+# (hack/csi-images.sh; docker archives beside them for hack/cluster.sh
+# import). The patched KubeVirt
 # components are the upstream images with our binaries on top, at
 # upstream's paths and modes; their bases come from KUBEVIRT_BASE:
 # "registry" (quay.io/kubevirt/<component>:v1.7.0), or a directory holding
@@ -57,6 +61,7 @@ images: go-build $(BIN)/container-disk
 	$(BIN)/oci-image --out $(OUT)/images/overlay-hook --ref $(IMAGE_REGISTRY)/overlay-hook:$(IMAGE_TAG) \
 		--file $(BIN)/overlay-hook:/usr/bin/overlay-hook:0755 --entrypoint /usr/bin/overlay-hook
 	hack/datamover-images.sh $(OUT) $(IMAGE_REGISTRY) $(IMAGE_TAG)
+	hack/csi-images.sh $(OUT) $(IMAGE_REGISTRY) $(IMAGE_TAG)
 	@if [[ -z "$(KUBEVIRT_BASE)" ]]; then \
 		IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/kubevirt-images.sh; exit 0; \
 	fi; \
