@@ -270,6 +270,9 @@ node_mounts() {
 	mkdir -p "${CLUSTER_DIR}/varlib/upper" "${CLUSTER_DIR}/varlib/work" "${CLUSTER_DIR}/varlog"
 	mount -t overlay overlay \
 		-o "lowerdir=/var/lib,upperdir=${CLUSTER_DIR}/varlib/upper,workdir=${CLUSTER_DIR}/varlib/work" /var/lib
+	# Loop devices made inside the node over its files (a CSI driver's
+	# volumes) show this overlay's device number and the node's paths.
+	stat -c %D /var/lib >"${CLUSTER_DIR}/varlib.dev"
 	mount --bind "${CLUSTER_DIR}/varlog" /var/log
 	# A new network namespace keeps showing the host's /sys/class/net until
 	# sysfs is mounted again; the cgroup mounts are carried over.
@@ -396,13 +399,17 @@ make_cgroups() {
 	done
 }
 
-# Loop devices whose backing files live in the node's directory.
+# Loop devices whose backing files live in the node's directory, or in the
+# node's /var/lib overlay, whose device number up recorded.
 remove_loop_devices() {
-	local line dev
+	local line dev overlay=""
+	if [[ -s ${CLUSTER_DIR}/varlib.dev ]]; then
+		overlay=$(printf '[%04x]:' "0x$(<"${CLUSTER_DIR}/varlib.dev")")
+	fi
 	while IFS= read -r line; do
 		dev=${line%%:*}
 		losetup -d "${dev}" 2>/dev/null || true
-	done < <(losetup -a | grep -F "(${CLUSTER_DIR}/" || true)
+	done < <(losetup -a | grep -F -e "(${CLUSTER_DIR}/" ${overlay:+-e ": ${overlay}"} || true)
 }
 
 down() {
@@ -422,6 +429,7 @@ down() {
 	rm -f "${PIDFILE}" "${CLUSTER_DIR}/node.started"
 	ip link del "${HOST_VETH}" 2>/dev/null || true
 	remove_loop_devices
+	rm -f "${CLUSTER_DIR}/varlib.dev"
 	remove_cgroups
 }
 
