@@ -79,11 +79,16 @@ spec:
 // goldenFilesystem makes the golden image as disk.img on a Filesystem
 // claim and returns the image's path on this machine.
 func goldenFilesystem(ctx context.Context, name string) string {
+	return goldenWriting(ctx, name, guestParams)
+}
+
+// goldenWriting is goldenFilesystem with a guest that writes what p says.
+func goldenWriting(ctx context.Context, name string, p testenv.GuestParams) string {
 	dir := filepath.Join(volumesDir, name)
 	Expect(os.RemoveAll(dir)).To(Succeed())
 	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
 	image := filepath.Join(dir, "disk.img")
-	Expect(testenv.CreateBootDisk(ctx, image, goldenSize, guestParams)).To(Succeed())
+	Expect(testenv.CreateBootDisk(ctx, image, goldenSize, p)).To(Succeed())
 	localClaim(ctx, name, dir, "Filesystem", "ReadOnlyMany", goldenSize)
 	return image
 }
