@@ -538,12 +538,28 @@ func server(t *testing.T, dir string) (srv *s3server.Server, creds string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = srv.Stop() })
+	t.Cleanup(func() {
+		_ = srv.Stop()
+		if t.Failed() {
+			// An S3 error names no cause; the server's log does.
+			if log, err := os.ReadFile(srv.Log); err == nil {
+				t.Logf("S3 server log:\n%s", tail(string(log), 4096))
+			}
+		}
+	})
 	creds, err = srv.WriteCredentials(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return srv, creds
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
 }
 
 // TestBackupDataPath measures what incrementals save and what chain
