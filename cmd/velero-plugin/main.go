@@ -83,6 +83,16 @@ func main() {
 			}
 			return veleroplugin.NewRestoreAction(cl, log), nil
 		}).
+		RegisterBackupItemActionV2(veleroplugin.ClaimBackupActionName, func(log logrus.FieldLogger) (any, error) {
+			cl, err := c.get(log)
+			if err != nil {
+				return nil, err
+			}
+			return veleroplugin.NewClaimBackupAction(cl, log), nil
+		}).
+		RegisterRestoreItemActionV2(veleroplugin.ClaimRestoreActionName, func(log logrus.FieldLogger) (any, error) {
+			return veleroplugin.NewClaimRestoreAction(log), nil
+		}).
 		RegisterDeleteItemAction(veleroplugin.DeleteActionName, func(log logrus.FieldLogger) (any, error) {
 			cl, err := c.get(log)
 			if err != nil {

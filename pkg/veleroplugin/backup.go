@@ -74,12 +74,7 @@ func (a *BackupAction) AppliesTo() (velero.ResourceSelector, error) {
 func (a *BackupAction) Execute(item runtime.Unstructured, backup *velerov1.Backup) (
 	runtime.Unstructured, []velero.ResourceIdentifier, string, []velero.ResourceIdentifier, error,
 ) {
-	if backup.Spec.DataMover != datamover.DataMover {
-		return item, nil, "", nil, nil
-	}
-	// Velero refuses operations started while it finalizes a backup; the
-	// VM was handled when the backup ran.
-	if p := backup.Status.Phase; p == velerov1.BackupPhaseFinalizing || p == velerov1.BackupPhaseFinalizingPartiallyFailed {
+	if !runsDataMover(backup) {
 		return item, nil, "", nil, nil
 	}
 	vm := &kubevirtv1.VirtualMachine{}
@@ -92,7 +87,7 @@ func (a *BackupAction) Execute(item runtime.Unstructured, backup *velerov1.Backu
 	case len(disks) == 0:
 		log.Info("VirtualMachine has no disk backed by a claim: nothing for the kubevirt data mover")
 		return item, nil, "", nil, nil
-	case vm.Status.PrintableStatus != kubevirtv1.VirtualMachineStatusRunning:
+	case !takesVM(vm):
 		status := string(vm.Status.PrintableStatus)
 		if status == "" {
 			status = "not running"
@@ -122,6 +117,22 @@ func (a *BackupAction) Execute(item runtime.Unstructured, backup *velerov1.Backu
 	u.SetAnnotations(annotations)
 	post := []velero.ResourceIdentifier{{GroupResource: dataUploadResource, Namespace: du.Namespace, Name: du.Name}}
 	return u, nil, opID, post, nil
+}
+
+// runsDataMover reports whether the actions take part in backup: it
+// selects the kubevirt data mover and is not being finalized (Velero
+// refuses operations started then; the items were handled when the backup
+// ran).
+func runsDataMover(backup *velerov1.Backup) bool {
+	p := backup.Status.Phase
+	return backup.Spec.DataMover == datamover.DataMover &&
+		p != velerov1.BackupPhaseFinalizing && p != velerov1.BackupPhaseFinalizingPartiallyFailed
+}
+
+// takesVM reports whether the backup action backs vm up with the data
+// mover, in a backup that runs it: a running VM with disks on claims.
+func takesVM(vm *kubevirtv1.VirtualMachine) bool {
+	return vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning && len(datamover.DiskClaims(vm)) > 0
 }
 
 // vmKey identifies a VM in an operation ID: its UID, else its name.

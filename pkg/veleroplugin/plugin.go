@@ -26,6 +26,13 @@ Copyright The kubevirt-qcow2 Authors.
 //   - RestoreAction, a RestoreItemAction (v2) on VirtualMachines: for a VM
 //     the backup action saved, it creates a DataDownload per disk, restores
 //     the VM stopped, and reports the downloads as one operation.
+//   - ClaimBackupAction and ClaimRestoreAction, a BackupItemAction and a
+//     RestoreItemAction (v2) on PersistentVolumeClaims and
+//     PersistentVolumes: they prepare the claims of the VMs' disks for
+//     their DataDownloads as Velero's CSI PVC restore action prepares the
+//     claims of its own data mover (unbound, selecting Velero's
+//     velero.io/dynamic-pv-restore label) and keep their volumes out of
+//     the restore.
 //   - DeleteAction, a DeleteItemAction on DataUploads: when Velero deletes a
 //     backup, it removes the backup from the location's catalog and lets
 //     garbage collection reclaim what no other backup needs — Velero's own
@@ -58,6 +65,9 @@ const (
 	BackupActionName  = "kubevirt-datamover.io/vm-backup"
 	RestoreActionName = "kubevirt-datamover.io/vm-restore"
 	DeleteActionName  = "kubevirt-datamover.io/dataupload-delete"
+
+	ClaimBackupActionName  = "kubevirt-datamover.io/pvc-backup"
+	ClaimRestoreActionName = "kubevirt-datamover.io/pvc-restore"
 )
 
 // Resources the actions apply to, as Velero's resource selectors name them.

@@ -149,6 +149,8 @@ var _ = Describe("the Velero plugin", Ordered, func() {
 			framework.PluginIdentifier{Command: command, Kind: common.PluginKindBackupItemActionV2, Name: veleroplugin.BackupActionName},
 			framework.PluginIdentifier{Command: command, Kind: common.PluginKindRestoreItemActionV2, Name: veleroplugin.RestoreActionName},
 			framework.PluginIdentifier{Command: command, Kind: common.PluginKindDeleteItemAction, Name: veleroplugin.DeleteActionName},
+			framework.PluginIdentifier{Command: command, Kind: common.PluginKindBackupItemActionV2, Name: veleroplugin.ClaimBackupActionName},
+			framework.PluginIdentifier{Command: command, Kind: common.PluginKindRestoreItemActionV2, Name: veleroplugin.ClaimRestoreActionName},
 		))
 		logger := logrus.New()
 		logger.SetOutput(GinkgoWriter)
