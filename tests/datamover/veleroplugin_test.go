@@ -119,6 +119,25 @@ func asItem(obj runtime.Object) *unstructured.Unstructured {
 	return u
 }
 
+// restoring is an item of a backup as Velero hands it to the restore item
+// actions: its metadata down to name, namespace, labels and annotations,
+// and no status (Velero's resetMetadataAndStatus).
+func restoring(saved *unstructured.Unstructured) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion(saved.GetAPIVersion())
+	u.SetKind(saved.GetKind())
+	u.SetName(saved.GetName())
+	u.SetNamespace(saved.GetNamespace())
+	u.SetLabels(saved.GetLabels())
+	u.SetAnnotations(saved.GetAnnotations())
+	for k, v := range saved.DeepCopy().Object {
+		if k != "metadata" && k != "status" && k != "apiVersion" && k != "kind" {
+			u.Object[k] = v
+		}
+	}
+	return u
+}
+
 var _ = Describe("the Velero plugin", Ordered, func() {
 	var plugins clientmgmt.Manager
 
@@ -174,6 +193,30 @@ var _ = Describe("the Velero plugin", Ordered, func() {
 			Status: velerov1.BackupStatus{Phase: velerov1.BackupPhaseInProgress},
 		}
 		Expect(k8s.Create(ctx, b)).To(Succeed())
+
+		By("Velero's backup calling the claim backup action on the VM's claim and its volume first")
+		claim := &corev1.PersistentVolumeClaim{}
+		Eventually(func() (corev1.PersistentVolumeClaimPhase, error) {
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: vm.namespace, Name: vm.claim}, claim)
+			return claim.Status.Phase, err
+		}).Should(Equal(corev1.ClaimBound))
+		volume := &corev1.PersistentVolume{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: claim.Spec.VolumeName}, volume)).To(Succeed())
+		cba, err := plugins.GetBackupItemActionV2(veleroplugin.ClaimBackupActionName)
+		Expect(err).NotTo(HaveOccurred())
+		var savedClaim, savedVolume *unstructured.Unstructured
+		for _, it := range []struct {
+			obj   runtime.Object
+			saved **unstructured.Unstructured
+		}{{claim, &savedClaim}, {volume, &savedVolume}} {
+			out, _, _, _, err := cba.Execute(asItem(it.obj), b)
+			Expect(err).NotTo(HaveOccurred())
+			*it.saved = out.(*unstructured.Unstructured)
+			Expect((*it.saved).GetAnnotations()).To(HaveKeyWithValue(veleroplugin.AnnotationDiskOf, vm.namespace+"/"+vm.name))
+		}
+		Expect(savedClaim.Object).To(HaveKeyWithValue("spec", HaveKeyWithValue("volumeName", volume.Name)), "saved bound")
+
+		By("Velero's backup calling the backup item action on the VM")
 		bia, err := plugins.GetBackupItemActionV2(veleroplugin.BackupActionName)
 		Expect(err).NotTo(HaveOccurred())
 		selector, err := bia.AppliesTo()
@@ -208,22 +251,42 @@ var _ = Describe("the Velero plugin", Ordered, func() {
 		By("Velero's restore into another namespace calling the restore item action on the saved VM")
 		target := fmt.Sprintf("restored-%d", specCounter.Add(1))
 		Expect(k8s.Create(ctx, restrictedNamespace(target))).To(Succeed())
-		// Velero restores the claim from the backup before the VM, unbound.
-		restoreClaim(ctx, target, vm.claim, corev1.PersistentVolumeFilesystem)
 		r := &velerov1.Restore{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("plugin-restore-%d", specCounter.Add(1)), Namespace: veleroNamespace},
 			Spec: velerov1.RestoreSpec{BackupName: b.Name, NamespaceMapping: map[string]string{vm.namespace: target},
 				ItemOperationTimeout: metav1.Duration{Duration: 10 * time.Minute}},
 		}
 		Expect(k8s.Create(ctx, r)).To(Succeed())
+
+		// Velero restores volumes, then claims, then VMs.
+		By("Velero's restore calling the claim restore action on the saved volume and claim")
+		cra, err := plugins.GetRestoreItemActionV2(veleroplugin.ClaimRestoreActionName)
+		Expect(err).NotTo(HaveOccurred())
+		out, err := cra.Execute(&velero.RestoreItemActionExecuteInput{Item: restoring(savedVolume), ItemFromBackup: savedVolume, Restore: r})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out.SkipRestore).To(BeTrue(), "the volume is not restored")
+		out, err = cra.Execute(&velero.RestoreItemActionExecuteInput{Item: restoring(savedClaim), ItemFromBackup: savedClaim, Restore: r})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out.SkipRestore).To(BeFalse())
+		// Velero creates the claim the action returned, in the target
+		// namespace.
+		restoredClaim := out.UpdatedItem.(*unstructured.Unstructured)
+		restoredClaim.SetNamespace(target)
+		Expect(k8s.Create(ctx, restoredClaim)).To(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(restoredClaim), claim)).To(Succeed())
+		Expect(claim.Spec.VolumeName).To(BeEmpty())
+		Expect(claim.Spec.Selector.MatchLabels).To(HaveKey(velerov1.DynamicPVRestoreLabel))
+		Expect(claim.Annotations).NotTo(HaveKey(veleroplugin.AnnotationDiskOf))
+
+		By("Velero's restore calling the restore item action on the saved VM")
 		ria, err := plugins.GetRestoreItemActionV2(veleroplugin.RestoreActionName)
 		Expect(err).NotTo(HaveOccurred())
 		saved := updated.(*unstructured.Unstructured)
-		restoring := saved.DeepCopy()
-		restoring.SetNamespace(target)
-		restoring.SetName(vm.name + "-copy")
-		Expect(unstructured.SetNestedField(restoring.Object, string(kubevirtv1.RunStrategyAlways), "spec", "runStrategy")).To(Succeed())
-		out, err := ria.Execute(&velero.RestoreItemActionExecuteInput{Item: restoring, ItemFromBackup: saved, Restore: r})
+		renamed := saved.DeepCopy()
+		renamed.SetNamespace(target)
+		renamed.SetName(vm.name + "-copy")
+		Expect(unstructured.SetNestedField(renamed.Object, string(kubevirtv1.RunStrategyAlways), "spec", "runStrategy")).To(Succeed())
+		out, err = ria.Execute(&velero.RestoreItemActionExecuteInput{Item: renamed, ItemFromBackup: saved, Restore: r})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(out.OperationID).NotTo(BeEmpty())
 		restoredVM := out.UpdatedItem.(*unstructured.Unstructured)
