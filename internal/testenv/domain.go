@@ -224,7 +224,7 @@ func (d *Libvirtd) WaitForGuest(ctx context.Context, name string) (GuestStatus, 
 	var status GuestStatus
 	err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		serial, err := d.ReadSerial(name)
-		status = ParseGuestStatus(serial)
+		status = ParseGuestStatus(WholeLines(serial))
 		return status.Finished(), err
 	})
 	if err != nil {

@@ -29,6 +29,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -202,7 +203,8 @@ func (s GuestStatus) Finished() bool {
 
 var guestLine = regexp.MustCompile(`(?m)^(START|PROGRESS|DONE|ERR) ?([0-9a-f]*)`)
 
-// ParseGuestStatus reads the test guest's serial output.
+// ParseGuestStatus reads the test guest's serial output; output read from
+// a log the guest may still be writing is cut to WholeLines first.
 func ParseGuestStatus(serial string) GuestStatus {
 	var s GuestStatus
 	for _, m := range guestLine.FindAllStringSubmatch(serial, -1) {
@@ -221,4 +223,12 @@ func ParseGuestStatus(serial string) GuestStatus {
 		}
 	}
 	return s
+}
+
+// WholeLines is the part of serial output read while it was being written
+// that ends with a line's end. The guest writes a line's word, its numbers
+// and its end in separate steps, so a reader of the log may see "DONE"
+// before the count that follows it.
+func WholeLines(serial string) string {
+	return serial[:strings.LastIndex(serial, "\n")+1]
 }

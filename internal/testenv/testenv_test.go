@@ -90,3 +90,17 @@ var _ = Describe("ParseGuestStatus", func() {
 			testenv.GuestStatus{Started: true, Written: 0x1fc, Failed: true, Err: 1}),
 	)
 })
+
+var _ = DescribeTable("WholeLines keeps what a reader of a log being written may parse",
+	func(serial string, want testenv.GuestStatus) {
+		Expect(testenv.ParseGuestStatus(testenv.WholeLines(serial))).To(Equal(want))
+	},
+	Entry("DONE written, its count not yet", "START 00000001 00000800 0000abcd\r\nPROGRESS 000001fc\r\nDONE",
+		testenv.GuestStatus{Started: true, Written: 0x1fc}),
+	Entry("DONE and part of its count", "START 00000001 00000800 0000abcd\r\nPROGRESS 000001fc\r\nDONE 0000",
+		testenv.GuestStatus{Started: true, Written: 0x1fc}),
+	Entry("DONE and its count, the line's end not yet", "START 00000001 00000800 0000abcd\r\nDONE 00000800",
+		testenv.GuestStatus{Started: true}),
+	Entry("the whole DONE line", "START 00000001 00000800 0000abcd\r\nDONE 00000800\r\n",
+		testenv.GuestStatus{Started: true, Written: 0x800, Done: true}),
+)
