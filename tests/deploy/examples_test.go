@@ -91,7 +91,7 @@ var _ = Describe("deploy/examples", Ordered, func() {
 		Entry("persistent overlay target", "overlay-persistent", 0, []string{"overlay", "targetPVC", "claimName"}, "overlay-persistent-delta"),
 		Entry("thin overlay's chunk", "overlay-thin", 0, []string{"overlay", "thinProvisioning", "chunkSize"}, "2Gi"),
 		Entry("hotpluggable containerDisk", "containerdisk-hotplug", 1, []string{"containerDisk", "hotpluggable"}, true),
-		Entry("hook sidecar's claim", "hook-sidecar", 0, []string{"persistentVolumeClaim", "claimName"}, "hook-store"),
+		Entry("hook sidecar's placeholder disk", "hook-sidecar", 0, []string{"emptyDisk", "capacity"}, "1Mi"),
 	)
 
 	It("asks for the hook sidecar with its image and claim", func() {
@@ -101,7 +101,7 @@ var _ = Describe("deploy/examples", Ordered, func() {
 		Expect(annotations).To(HaveKeyWithValue("hooks.kubevirt.io/hookSidecars", And(
 			ContainSubstring(`"image": "registry.example.com/kubevirt-qcow2/overlay-hook:dev"`),
 			ContainSubstring(`"name": "hook-store"`))))
-		Expect(annotations).To(HaveKey("overlay.kubevirt-qcow2.io/disks"))
+		Expect(annotations).To(HaveKeyWithValue("overlay.kubevirt-qcow2.io/disks", ContainSubstring(`"backing": "disk.img"`)))
 	})
 })
 

@@ -62,6 +62,12 @@ type DiskConfig struct {
 	// Size of the overlay; empty means the backing's size. A number of
 	// bytes or a string with a binary suffix ("20Gi").
 	Size Size `json:"size,omitempty"`
+	// Backing is the original image as a path relative to the sidecar's
+	// PVC, in place of the disk's own source. Kubernetes mounts a claim
+	// once per pod, so the sidecar's claim cannot also be the disk's
+	// volume: the disk's volume then only holds the place (an emptyDisk),
+	// and the overlay is made over this image.
+	Backing string `json:"backing,omitempty"`
 }
 
 // CreateConfig tunes new overlays; zero values take QEMU's defaults.
@@ -166,6 +172,16 @@ func (c *Config) validate() error {
 		}
 		if d.Size < 0 {
 			return fmt.Errorf("%s.size is negative", field)
+		}
+		if d.Backing != "" {
+			if err := checkRelativePath(d.Backing); err != nil {
+				return fmt.Errorf("%s.backing: %w", field, err)
+			}
+		}
+	}
+	for i, d := range c.Disks {
+		if other, dup := paths[d.Backing]; dup && d.Backing != "" {
+			return fmt.Errorf("disks[%d].backing: %q is the overlay path of disk %q", i, d.Backing, other)
 		}
 	}
 	switch c.Identity {

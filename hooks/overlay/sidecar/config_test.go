@@ -54,6 +54,8 @@ var _ = Describe("ParseConfig", func() {
 			}),
 		Entry("a size in bytes as a string", `{"disks":[{"name":"a","size":"4096"}]}`,
 			Config{Disks: []DiskConfig{{Name: "a", Size: 4096}}}),
+		Entry("a backing on the sidecar's claim", `{"disks":[{"name":"a","backing":"golden/disk.img","backingFormat":"qcow2"}]}`,
+			Config{Disks: []DiskConfig{{Name: "a", Backing: "golden/disk.img", BackingFormat: "qcow2"}}}),
 	)
 
 	DescribeTable("refuses, naming the problem",
@@ -78,6 +80,10 @@ var _ = Describe("ParseConfig", func() {
 		Entry("a record's name", `{"disks":[{"name":"a","persistent":true,"path":"a.overlay.json"}]}`, "ends like an overlay record"),
 		Entry("a control character in a path", `{"disks":[{"name":"a","persistent":true,"path":"a\u0001b"}]}`, "characters a domain XML cannot carry"),
 		Entry("one path for two disks", `{"disks":[{"name":"a","persistent":true,"path":"x"},{"name":"b","persistent":true,"path":"x"}]}`, `is also the path of disk "a"`),
+		Entry("an absolute backing", `{"disks":[{"name":"a","backing":"/disk.img"}]}`, "disks[0].backing: \"/disk.img\" is absolute"),
+		Entry("a backing leaving the PVC", `{"disks":[{"name":"a","backing":"../disk.img"}]}`, "disks[0].backing: \"../disk.img\" leaves the overlay PVC"),
+		Entry("a backing that is an overlay", `{"disks":[{"name":"a","backing":"x"},{"name":"b","persistent":true,"path":"x"}]}`,
+			`disks[0].backing: "x" is the overlay path of disk "b"`),
 		Entry("a negative size", `{"disks":[{"name":"a","size":-1}]}`, `invalid size "-1"`),
 		Entry("a size with a decimal suffix", `{"disks":[{"name":"a","size":"20G"}]}`, `invalid size "20G"`),
 		Entry("a size too large", `{"disks":[{"name":"a","size":"99999999Pi"}]}`, "invalid size"),

@@ -153,6 +153,9 @@ type diskEdit struct {
 	// Backing is the original source; BackingFormat its format.
 	Backing       *libvirtxml.DomainDiskSource
 	BackingFormat string
+	// DropSource: the disk's own source held the place of Backing and
+	// goes.
+	DropSource bool
 }
 
 // editDomain applies edits to the disks of doc and returns the new
@@ -233,7 +236,7 @@ func overlayDisk(dd *domainDisk, e diskEdit) ([]byte, error) {
 		buf.WriteString(end)
 		out = buf.Bytes()
 	}
-	if err := checkNothingLost(dd.raw, out); err != nil {
+	if err := checkNothingLost(dd.raw, out, e.DropSource); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -274,10 +277,11 @@ func sourcePath(s *libvirtxml.DomainDiskSource) string {
 // any element, attribute or text of the original missing from the edit,
 // apart from what an overlay replaces on purpose: the disk's type, the
 // driver's type, libvirt's runtime indexes and KubeVirt's name on a
-// source. A first edit moves the source under the backing store; an edit
+// source. A first edit moves the source under the backing store, or drops
+// it when dropSource says it only held the place of the backing; an edit
 // of a disk already converted keeps it in place. libvirtxml drops what it
 // does not know; this turns such a drop into an error.
-func checkNothingLost(orig, edited []byte) error {
+func checkNothingLost(orig, edited []byte, dropSource bool) error {
 	before, err := diskParts(orig)
 	if err != nil {
 		return err
@@ -289,6 +293,9 @@ func checkNothingLost(orig, edited []byte) error {
 	converted := before["disk/backingStore"] > 0
 	var lost []string
 	for part, n := range before {
+		if dropSource && (part == "disk/source" || strings.HasPrefix(part, "disk/source@") || strings.HasPrefix(part, "disk/source/")) {
+			continue
+		}
 		p, keep := overlayPart(part, converted)
 		if keep && after[p] < n {
 			lost = append(lost, part)

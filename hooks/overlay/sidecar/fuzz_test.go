@@ -124,7 +124,7 @@ func FuzzEditDomain(f *testing.F) {
 				dd.disk.BackingStore == nil || sourcePath(dd.disk.BackingStore.Source) != sourcePath(e.Backing) {
 				t.Fatalf("disk %s was not turned into an overlay: %s", e.Name, out[dd.start:dd.end])
 			}
-			if err := checkNothingLost(disks[e.Name].raw, out[dd.start:dd.end]); err != nil {
+			if err := checkNothingLost(disks[e.Name].raw, out[dd.start:dd.end], false); err != nil {
 				t.Fatalf("disk %s: %v", e.Name, err)
 			}
 		}

@@ -153,7 +153,7 @@ func (h *Hook) plan(vmi *vmiObject, cfg *Config, disks map[string]*domainDisk) (
 		if !ok {
 			return nil, fmt.Errorf("disk %s: the domain has no disk with alias %s%s", dc.Name, userAliasPrefix, dc.Name)
 		}
-		if dc.Persistent && pvc == nil {
+		if (dc.Persistent || dc.Backing != "") && pvc == nil {
 			var err error
 			if pvc, err = vmi.ownPVC(h.Env.ContainerName); err != nil {
 				return nil, fmt.Errorf("disk %s: %w", dc.Name, err)
@@ -194,13 +194,19 @@ func (h *Hook) planDisk(vmi *vmiObject, cfg *Config, dc DiskConfig, dd *domainDi
 		compute = filepath.Join(h.Env.ComputeSocketDir, ephemeralSubdir, dc.Name+".qcow2")
 	}
 
-	// The original source: the disk's own, or the backing store of a disk
-	// this hook already converted (the second call of a start).
+	// The original source: the configured backing on the sidecar's claim,
+	// the disk's own source, or the backing store of a disk this hook
+	// already converted (the second call of a start).
 	src, format := disk.Source, ""
 	if disk.Driver != nil {
 		format = disk.Driver.Type
 	}
-	switch current := sourcePath(disk.Source); {
+	if dc.Backing != "" {
+		src = &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: path.Join(pvc.SharedComputePath, dc.Backing)}}
+		format = "raw"
+	}
+	current := sourcePath(disk.Source)
+	switch {
 	case current == compute:
 		if disk.BackingStore == nil || disk.BackingStore.Source == nil {
 			return plan{}, fmt.Errorf("the domain already uses overlay %s but names no backing store", compute)
@@ -209,6 +215,8 @@ func (h *Hook) planDisk(vmi *vmiObject, cfg *Config, dc DiskConfig, dd *domainDi
 		if disk.BackingStore.Format != nil {
 			format = disk.BackingStore.Format.Type
 		}
+	case dc.Backing != "":
+		// The disk's own source only held the place.
 	case disk.BackingStore != nil && disk.BackingStore.Source != nil:
 		return plan{}, fmt.Errorf("source %s already has a backing chain; only plain file or block sources can get an overlay", current)
 	case current == "":
@@ -240,7 +248,8 @@ func (h *Hook) planDisk(vmi *vmiObject, cfg *Config, dc DiskConfig, dd *domainDi
 			LazyRefcounts: cfg.Create.LazyRefcounts,
 		},
 	}
-	edit := diskEdit{Name: dc.Name, Overlay: compute, Backing: withoutIndex(src), BackingFormat: format}
+	edit := diskEdit{Name: dc.Name, Overlay: compute, Backing: withoutIndex(src), BackingFormat: format,
+		DropSource: dc.Backing != "" && current != compute}
 	return plan{edit: edit, spec: spec}, nil
 }
 

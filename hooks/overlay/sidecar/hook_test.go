@@ -30,6 +30,7 @@ import (
 	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/resource"
 	v1 "kubevirt.io/api/core/v1"
 
 	"kubevirt.io/kubevirt/pkg/hooks"
@@ -200,6 +201,53 @@ var _ = Describe("Hook", func() {
 			f.vmi.Status.Phase = v1.Running
 			_, err := hook.OnDefineDomain(ctx, f.vmiJSON(), f.domainXML())
 			Expect(err).To(MatchError(ContainSubstring("cannot follow a live migration")))
+		})
+	})
+
+	// Kubernetes mounts a claim once per pod: the disk's volume is an
+	// emptyDisk holding the place, the golden image is named on the
+	// sidecar's claim.
+	Context("with the backing named on the sidecar's claim", func() {
+		BeforeEach(func() {
+			f = fixture{vmi: richVMI("vm1", v1.Volume{Name: "rootdisk", VolumeSource: v1.VolumeSource{
+				EmptyDisk: &v1.EmptyDiskSource{Capacity: resource.MustParse("1Mi")},
+			}})}
+		})
+
+		DescribeTable("makes the overlay over it, the placeholder left out",
+			func(cfg, overlayInPod string, local func() string) {
+				configure(cfg)
+				goldenSum := sha256Of(golden)
+				out, err := hook.OnDefineDomain(ctx, f.vmiJSON(), f.domainXML())
+				Expect(err).ToNot(HaveOccurred())
+				d := rootDisk(out)
+				Expect(d.Source.File).To(Equal(overlayInPod))
+				Expect(d.Driver.Type).To(Equal("qcow2"))
+				Expect(d.BackingStore.Source.File).To(Equal(computeStore + "/disk.img"))
+				Expect(d.BackingStore.Format.Type).To(Equal("raw"))
+				Expect(string(out)).ToNot(ContainSubstring("empty-disks/rootdisk.qcow2"), "the placeholder is still in the domain")
+
+				h, err := overlay.Native{}.Inspect(ctx, filepath.Join(local(), "rootdisk.qcow2"))
+				Expect(err).ToNot(HaveOccurred())
+				Expect(h.BackingFile).To(Equal(computeStore+"/disk.img"), "QEMU opens the backing where the compute container sees the claim")
+				Expect(h.VirtualSize).To(Equal(int64(8 << 20)))
+
+				again, err := hook.OnDefineDomain(ctx, f.vmiJSON(), out)
+				Expect(err).ToNot(HaveOccurred())
+				Expect(again).To(Equal(out))
+				Expect(sha256Of(golden)).To(Equal(goldenSum))
+			},
+			Entry("persistent", `{"disks":[{"name":"rootdisk","persistent":true,"backing":"disk.img"}]}`,
+				computeStore+"/default/vm1/rootdisk.qcow2", func() string { return filepath.Join(store, "default", "vm1") }),
+			Entry("ephemeral", `{"disks":[{"name":"rootdisk","backing":"disk.img"}]}`,
+				computeSockets+"/overlays/rootdisk.qcow2", func() string { return filepath.Join(hook.Env.SocketDir, "overlays") }),
+		)
+
+		It("needs the sidecar's claim", func() {
+			pvc = nil
+			configure(`{"disks":[{"name":"rootdisk","backing":"disk.img"}]}`)
+			_, err := hook.OnDefineDomain(ctx, f.vmiJSON(), f.domainXML())
+			Expect(err).To(MatchError(ContainSubstring(`configured backings live in the sidecar's PVC, but entry 0 of hooks.kubevirt.io/hookSidecars has no "pvc"`)))
 		})
 	})
 

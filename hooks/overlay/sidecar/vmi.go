@@ -164,7 +164,7 @@ func (v *vmiObject) ownPVC(containerName string) (*sidecarPVC, error) {
 	pvc := list[i].PVC
 	switch {
 	case pvc == nil:
-		return nil, fmt.Errorf("persistent overlays live in the sidecar's PVC, but entry %d of %s has no \"pvc\"", i, hookSidecarsAnnotation)
+		return nil, fmt.Errorf("persistent overlays and configured backings live in the sidecar's PVC, but entry %d of %s has no \"pvc\"", i, hookSidecarsAnnotation)
 	case !path.IsAbs(pvc.VolumePath) || !path.IsAbs(pvc.SharedComputePath):
 		return nil, fmt.Errorf("entry %d of %s: pvc needs absolute volumePath and sharedComputePath, has %q and %q",
 			i, hookSidecarsAnnotation, pvc.VolumePath, pvc.SharedComputePath)
