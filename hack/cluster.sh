@@ -24,6 +24,7 @@
 #   hack/cluster.sh down      stop it and remove every process, mount, cgroup, loop device and veth
 #   hack/cluster.sh status    say whether it runs and where its kubeconfig and logs are
 #   hack/cluster.sh kubevirt  install the patched KubeVirt (make images first) and wait for it
+#   hack/cluster.sh kubevirt-stock  install stock KubeVirt instead (make images-stock first)
 #   hack/cluster.sh kubectl ARGS...
 #   hack/cluster.sh import ARCHIVE...   import docker archives into the node's containerd
 #   hack/cluster.sh exec CMD...         run a command inside the node's namespaces
@@ -524,21 +525,23 @@ up() {
 	echo "export KUBECONFIG=${KUBECONFIG_FILE}"
 }
 
-# KubeVirt as users install it: the operator manifest, then the KubeVirt CR
-# of deploy/kubevirt with our feature gates; emulation only without KVM.
+# KubeVirt as users install it: the operator manifest, then a KubeVirt CR;
+# emulation only without KVM. The patched KubeVirt gets the CR of
+# deploy/kubevirt with our feature gates; stock KubeVirt (built by
+# `hack/kubevirt-images.sh stock`) its release's CR, no gates.
 install_kubevirt() {
-	local start=${SECONDS} manifest="${KUBEVIRT_OUT}/manifests/kubevirt-operator.yaml" c archives=()
+	local start=${SECONDS} images=$1 manifest=$2 cr=$3 c archives=()
 	[[ -n $(node_pid) ]] || die "no node runs: hack/cluster.sh up"
-	[[ -f ${manifest} ]] || kubevirt_failed "no ${manifest}: run make images"
+	[[ -f ${manifest} ]] || kubevirt_failed "no ${manifest}: run make images (stock: make images-stock)"
 	for c in virt-operator virt-api virt-controller virt-handler virt-launcher; do
-		archives+=("${QCOW2_ROOT}/_out/images/${c}.tar")
+		archives+=("${images}/${c}.tar")
 	done
-	import_archives "${archives[@]}" || kubevirt_failed "cannot import KubeVirt's images (make images builds them)"
+	import_archives "${archives[@]}" || kubevirt_failed "cannot import KubeVirt's images from ${images}"
 	log "images imported in $((SECONDS - start))s"
 	node_kubectl apply -f "${manifest}" >/dev/null
 	node_kubectl -n kubevirt rollout status deployment/virt-operator --timeout=300s ||
 		kubevirt_failed "virt-operator did not become ready"
-	node_kubectl apply -f "${QCOW2_ROOT}/deploy/kubevirt/kubevirt.yaml" >/dev/null
+	node_kubectl apply -f "${cr}" >/dev/null
 	if [[ ! -c /dev/kvm ]]; then
 		node_kubectl -n kubevirt patch kubevirt kubevirt --type merge \
 			-p '{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true}}}}' >/dev/null
@@ -581,7 +584,14 @@ main() {
 	up) up ;;
 	down) down ;;
 	status) status ;;
-	kubevirt) install_kubevirt ;;
+	kubevirt)
+		install_kubevirt "${QCOW2_ROOT}/_out/images" "${KUBEVIRT_OUT}/manifests/kubevirt-operator.yaml" \
+			"${QCOW2_ROOT}/deploy/kubevirt/kubevirt.yaml"
+		;;
+	kubevirt-stock)
+		local stock="${QCOW2_CACHE}/kubevirt-stock-${KUBEVIRT_VERSION}"
+		install_kubevirt "${stock}/images" "${stock}/manifests/kubevirt-operator.yaml" "${stock}/manifests/kubevirt-cr.yaml"
+		;;
 	kubectl) node_kubectl "$@" ;;
 	import) import_archives "$@" ;;
 	exec) in_node "$@" ;;

@@ -19,12 +19,18 @@
 
 # Builds every image virt-operator v1.7.0 deploys with the cluster's default
 # feature gates (virt-operator, virt-api, virt-controller, virt-handler,
-# virt-launcher) from the patched tree's binaries, without a container engine
-# or a registry, and the operator manifest that names them:
+# virt-launcher) from a KubeVirt tree's binaries, without a container engine
+# or a registry, and the release manifests that name them:
 #
-#   _out/images/<component>/        OCI image layouts
-#   _out/images/<component>.tar     docker archives, for `hack/cluster.sh import`
-#   _out/kubevirt-v1.7.0/manifests/kubevirt-operator.yaml
+#   hack/kubevirt-images.sh         the patched tree's (make images):
+#     _out/images/<component>/        OCI image layouts
+#     _out/images/<component>.tar     docker archives, for `hack/cluster.sh import`
+#     _out/kubevirt-v1.7.0/manifests/kubevirt-operator.yaml
+#   hack/kubevirt-images.sh stock   stock KubeVirt from the tree's `pristine`
+#                                   tag (make images-stock), named as
+#                                   upstream's release names them, cached once
+#                                   per version and inputs; prints the directory:
+#     $QCOW2_CACHE/kubevirt-stock-v1.7.0/{tree,bin,images,manifests}
 #
 # virt-handler and virt-launcher share one base made from Debian 12's
 # packages (libvirt 9.0, QEMU 7.2), unpacked without maintainer scripts and
@@ -36,12 +42,21 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-readonly IMAGE_REGISTRY=${IMAGE_REGISTRY:-kubevirt-qcow2}
-readonly IMAGE_TAG=${IMAGE_TAG:-dev}
-readonly IMAGES=${QCOW2_ROOT}/_out/images
-readonly KUBEVIRT_BIN=${KUBEVIRT_OUT}/bin
-readonly OCI_IMAGE=${QCOW2_ROOT}/_out/bin/oci-image
-readonly CONTAINER_DISK=${QCOW2_ROOT}/_out/bin/container-disk
+# What is built from which tree, and where it goes: set by main for the
+# patched or the stock images.
+IMAGE_REGISTRY=${IMAGE_REGISTRY:-kubevirt-qcow2}
+IMAGE_TAG=${IMAGE_TAG:-dev}
+TREE=${KUBEVIRT_TREE}
+OUT=${KUBEVIRT_OUT}
+IMAGES=${QCOW2_ROOT}/_out/images
+CONTAINER_DISK=${QCOW2_ROOT}/_out/bin/container-disk
+# Stock images: under upstream's names, so that virt-operator derives the
+# same names its release does; imported, never pulled.
+readonly STOCK=${QCOW2_CACHE}/kubevirt-stock-${KUBEVIRT_VERSION}
+readonly STOCK_REGISTRY=quay.io/kubevirt
+# The binaries the images hold.
+readonly BINARIES=(virt-operator virt-api virt-controller virt-handler virt-chroot virt-launcher
+	virt-launcher-monitor virt-probe virt-tail virt-freezer)
 # What virt-handler, virt-launcher and the programs they start run: libvirt's
 # daemons and virsh, QEMU, qemu-img, and a shell with the usual tools for
 # node-labeller.sh and KubeVirt's exec probes.
@@ -125,19 +140,18 @@ node_base() {
 image() {
 	local name=$1
 	shift
-	"${OCI_IMAGE}" --out "${IMAGES}/${name}" --archive "${IMAGES}/${name}.tar" \
+	"${OUT}/tools/oci-image" --out "${IMAGES}/${name}" --archive "${IMAGES}/${name}.tar" \
 		--ref "${IMAGE_REGISTRY}/${name}:${IMAGE_TAG}" --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		"$@" | sed -n 1p
 }
 
 kubevirt_images() {
-	local base tree=${KUBEVIRT_TREE} conf
-	for bin in virt-operator virt-api virt-controller virt-handler virt-chroot virt-launcher \
-		virt-launcher-monitor virt-probe virt-tail virt-freezer; do
-		[[ -x ${KUBEVIRT_BIN}/${bin} ]] || die "no ${KUBEVIRT_BIN}/${bin}: run make kubevirt"
+	local base tree=${TREE} bin=${OUT}/bin conf
+	for b in "${BINARIES[@]}"; do
+		[[ -x ${bin}/${b} ]] || die "no ${bin}/${b}: run make kubevirt"
 	done
 	[[ -x ${CONTAINER_DISK} ]] || die "no ${CONTAINER_DISK}: run make build"
-	(cd "${QCOW2_ROOT}" && go build -o "${OCI_IMAGE}" ./cmd/oci-image)
+	(cd "${QCOW2_ROOT}" && go build -o "${OUT}/tools/oci-image" ./cmd/oci-image)
 	base=$(node_base)
 	mkdir -p "${IMAGES}"
 	# What the Go components' images hold besides the binary and its
@@ -149,12 +163,12 @@ kubevirt_images() {
 	printf '%s\n' "${PASSWD}" >"${minimal}/etc/passwd"
 	printf '%s\n' "${GROUP}" >"${minimal}/etc/group"
 	for c in virt-operator virt-api virt-controller; do
-		image "${c}" --tree "${minimal}" --elf "${KUBEVIRT_BIN}/${c}:/usr/bin/${c}:0555" --user 1001
+		image "${c}" --tree "${minimal}" --elf "${bin}/${c}:/usr/bin/${c}:0555" --user 1001
 	done
 	rm -rf "${minimal}"
 	image virt-handler --tree "${base}" \
-		--file "${KUBEVIRT_BIN}/virt-handler:/usr/bin/virt-handler:0555" \
-		--file "${KUBEVIRT_BIN}/virt-chroot:/usr/bin/virt-chroot:0555" \
+		--file "${bin}/virt-handler:/usr/bin/virt-handler:0555" \
+		--file "${bin}/virt-chroot:/usr/bin/virt-chroot:0555" \
 		--entrypoint /usr/bin/virt-handler
 	conf=$(mktemp -d)
 	# Debian 12's libvirt has only the monolithic daemon; virt-launcher and
@@ -170,11 +184,11 @@ exec /usr/sbin/libvirtd "$@"
 SH
 	echo '# defaults' >"${conf}/virtlogd.conf"
 	image virt-launcher --tree "${base}" \
-		--file "${KUBEVIRT_BIN}/virt-launcher:/usr/bin/virt-launcher:0555" \
-		--file "${KUBEVIRT_BIN}/virt-launcher-monitor:/usr/bin/virt-launcher-monitor:0555" \
-		--file "${KUBEVIRT_BIN}/virt-probe:/usr/bin/virt-probe:0555" \
-		--file "${KUBEVIRT_BIN}/virt-tail:/usr/bin/virt-tail:0555" \
-		--file "${KUBEVIRT_BIN}/virt-freezer:/usr/bin/virt-freezer:0555" \
+		--file "${bin}/virt-launcher:/usr/bin/virt-launcher:0555" \
+		--file "${bin}/virt-launcher-monitor:/usr/bin/virt-launcher-monitor:0555" \
+		--file "${bin}/virt-probe:/usr/bin/virt-probe:0555" \
+		--file "${bin}/virt-tail:/usr/bin/virt-tail:0555" \
+		--file "${bin}/virt-freezer:/usr/bin/virt-freezer:0555" \
 		--file "${CONTAINER_DISK}:/usr/bin/container-disk:0555" \
 		--file "${tree}/cmd/virt-launcher/node-labeller/node-labeller.sh:/usr/bin/node-labeller.sh:0555" \
 		--file "${tree}/cmd/virt-launcher/qemu.conf:/etc/libvirt/qemu.conf:0644" \
@@ -190,24 +204,71 @@ SH
 
 # The operator manifest as KubeVirt's release renders it: its templates,
 # filled by its own manifest-templator, naming our images.
+# The release manifests as KubeVirt's release renders them: its templates,
+# filled by its own manifest-templator, naming our images. The KubeVirt CR
+# (kubevirt-cr.yaml, no feature gates) is what a stock install applies.
 operator_manifest() {
-	local tree=${KUBEVIRT_TREE} out="${KUBEVIRT_OUT}/manifests" templator
-	templator="${KUBEVIRT_OUT}/tools/manifest-templator"
+	local tree=${TREE} out="${OUT}/manifests" templator name
+	templator="${OUT}/tools/manifest-templator"
 	(cd "${tree}" && go build -o "${templator}" ./tools/manifest-templator)
 	mkdir -p "${out}"
-	"${templator}" --process-files --generated-manifests-dir="${tree}/manifests/generated/" \
-		--input-file="${tree}/manifests/release/kubevirt-operator.yaml.in" >"${out}/kubevirt-operator.yaml.in"
-	"${templator}" --process-vars --input-file="${out}/kubevirt-operator.yaml.in" \
-		--namespace=kubevirt --container-prefix="${IMAGE_REGISTRY}" --container-tag="${IMAGE_TAG}" \
-		--image-pull-policy=IfNotPresent --verbosity=2 --kubevirt-logo-path="${tree}/assets/kubevirt_logo.png" \
-		>"${out}/kubevirt-operator.yaml"
-	rm "${out}/kubevirt-operator.yaml.in"
+	for name in kubevirt-operator kubevirt-cr; do
+		"${templator}" --process-files --generated-manifests-dir="${tree}/manifests/generated/" \
+			--input-file="${tree}/manifests/release/${name}.yaml.in" >"${out}/${name}.yaml.in"
+		"${templator}" --process-vars --input-file="${out}/${name}.yaml.in" \
+			--namespace=kubevirt --container-prefix="${IMAGE_REGISTRY}" --container-tag="${IMAGE_TAG}" \
+			--image-pull-policy=IfNotPresent --verbosity=2 --kubevirt-logo-path="${tree}/assets/kubevirt_logo.png" \
+			>"${out}/${name}.yaml"
+		rm "${out}/${name}.yaml.in"
+	done
 	echo "${out}/kubevirt-operator.yaml"
 }
 
-main() {
+# Stock KubeVirt: the pristine tree exported once, its binaries and its own
+# container-disk built, then the same images and manifests as the patched
+# ones. Done again only when the pristine commit, this script or the node
+# base change.
+stock() {
+	"${QCOW2_ROOT}/hack/kubevirt.sh" assemble
+	local commit key
+	commit=$(git -C "${KUBEVIRT_TREE}" rev-parse pristine)
+	key=$( (echo "${commit}" && basename "$(node_base)" && cat "${BASH_SOURCE[0]}") | sha256sum | cut -c1-16)
+	if [[ -f ${STOCK}/key && $(<"${STOCK}/key") == "${key}" ]]; then
+		echo "${STOCK}"
+		return 0
+	fi
+	log "building stock KubeVirt ${KUBEVIRT_VERSION} (${commit:0:12}) into ${STOCK} (once per version)"
+	rm -f "${STOCK}/key"
+	if [[ ! -f ${STOCK}/tree/.commit || $(<"${STOCK}/tree/.commit") != "${commit}" ]]; then
+		rm -rf "${STOCK}/tree"
+		mkdir -p "${STOCK}/tree"
+		git -C "${KUBEVIRT_TREE}" archive pristine | tar -x -C "${STOCK}/tree"
+		echo "${commit}" >"${STOCK}/tree/.commit"
+	fi
+	TREE=${STOCK}/tree OUT=${STOCK} IMAGES=${STOCK}/images CONTAINER_DISK=${STOCK}/bin/container-disk
+	IMAGE_REGISTRY=${STOCK_REGISTRY} IMAGE_TAG=${KUBEVIRT_VERSION}
+	mkdir -p "${STOCK}/bin"
+	local b
+	for b in "${BINARIES[@]}"; do
+		(cd "${TREE}" && go build -trimpath -o "${STOCK}/bin/${b}" "./cmd/${b}")
+	done
+	# Upstream's container-disk, static as upstream links it.
+	"${MUSL_CC:-musl-gcc}" -Os -static -s -o "${CONTAINER_DISK}" "${TREE}/cmd/container-disk-v2alpha/main.c"
 	kubevirt_images
-	operator_manifest
+	operator_manifest >/dev/null
+	echo "${key}" >"${STOCK}/key"
+	echo "${STOCK}"
+}
+
+main() {
+	case "${1:-}" in
+	"")
+		kubevirt_images
+		operator_manifest
+		;;
+	stock) stock ;;
+	*) die "usage: $0 [stock]" ;;
+	esac
 }
 
 main "$@"
