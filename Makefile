@@ -56,7 +56,7 @@ IMAGE_REGISTRY ?= kubevirt-qcow2
 IMAGE_TAG ?= dev
 KUBEVIRT_BASE ?=
 KUBEVIRT_OUT ?= $(OUT)/kubevirt-v1.7.0
-KUBEVIRT_COMPONENTS := virt-api virt-controller virt-handler virt-launcher
+KUBEVIRT_COMPONENTS := virt-operator virt-api virt-controller virt-handler virt-launcher
 images: go-build $(BIN)/container-disk
 	$(BIN)/oci-image --out $(OUT)/images/overlay-hook --ref $(IMAGE_REGISTRY)/overlay-hook:$(IMAGE_TAG) \
 		--file $(BIN)/overlay-hook:/usr/bin/overlay-hook:0755 --entrypoint /usr/bin/overlay-hook

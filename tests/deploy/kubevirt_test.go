@@ -100,26 +100,30 @@ var _ = Describe("deploy/kubevirt", Ordered, func() {
 		Expect(c.Create(ctx, upstreamKubeVirt(), client.FieldOwner("kubectl-create"))).To(Succeed())
 	})
 
-	It("renders only the operator's image variables and the KubeVirt CR's gates", func() {
+	It("renders only the operator's images and the KubeVirt CR's gates", func() {
 		objs := framework.Render("kubevirt")
 		Expect(objs).To(HaveLen(2))
 		kinds := []string{objs[0].GetKind(), objs[1].GetKind()}
 		Expect(kinds).To(ConsistOf("Deployment", "KubeVirt"))
 	})
 
-	It("points virt-operator at the patched images and keeps everything else", func() {
+	// The patched operator installs the patched CRDs; the release's would
+	// keep CRDs that refuse overlays.
+	It("runs the patched virt-operator on the patched images and keeps everything else", func() {
 		framework.ApplyServerSide(ctx, c, framework.Render("kubevirt"))
 
 		env := operatorEnv(ctx, c)
-		for _, name := range []string{"VIRT_API_IMAGE", "VIRT_CONTROLLER_IMAGE", "VIRT_HANDLER_IMAGE", "VIRT_LAUNCHER_IMAGE"} {
+		for _, name := range []string{"VIRT_OPERATOR_IMAGE", "VIRT_API_IMAGE", "VIRT_CONTROLLER_IMAGE", "VIRT_HANDLER_IMAGE", "VIRT_LAUNCHER_IMAGE"} {
 			Expect(env).To(HaveKeyWithValue(name, MatchRegexp(`^registry\.example\.com/kubevirt-qcow2/virt-[a-z]+:dev$`)))
 		}
 		for _, e := range original.Spec.Template.Spec.Containers[0].Env {
-			Expect(env).To(HaveKeyWithValue(e.Name, e.Value), "upstream's %s is kept", e.Name)
+			if e.Name != "VIRT_OPERATOR_IMAGE" {
+				Expect(env).To(HaveKeyWithValue(e.Name, e.Value), "upstream's %s is kept", e.Name)
+			}
 		}
 		d := &appsv1.Deployment{}
 		Expect(c.Get(ctx, client.ObjectKeyFromObject(original), d)).To(Succeed())
-		Expect(d.Spec.Template.Spec.Containers[0].Image).To(Equal("quay.io/kubevirt/virt-operator:v1.7.0"))
+		Expect(d.Spec.Template.Spec.Containers[0].Image).To(Equal("registry.example.com/kubevirt-qcow2/virt-operator:dev"))
 		Expect(d.Spec.Template.Spec.ServiceAccountName).To(Equal(original.Spec.Template.Spec.ServiceAccountName))
 		Expect(d.Spec.Template.Spec.Containers[0].Ports).To(Equal(original.Spec.Template.Spec.Containers[0].Ports))
 	})
@@ -131,12 +135,13 @@ var _ = Describe("deploy/kubevirt", Ordered, func() {
 		Expect(kv.Object["spec"]).To(HaveKeyWithValue("imagePullPolicy", "IfNotPresent"))
 	})
 
-	It("rolls back to the upstream images and an empty list of gates", func() {
+	It("rolls back to the upstream operator and images and an empty list of gates", func() {
 		framework.ApplyServerSide(ctx, c, framework.Render("kubevirt/rollback"))
 
 		d := &appsv1.Deployment{}
 		Expect(c.Get(ctx, client.ObjectKeyFromObject(original), d)).To(Succeed())
 		Expect(d.Spec.Template.Spec.Containers[0].Env).To(Equal(original.Spec.Template.Spec.Containers[0].Env))
+		Expect(d.Spec.Template.Spec.Containers[0].Image).To(Equal(original.Spec.Template.Spec.Containers[0].Image))
 		Expect(featureGates(ctx, c)).To(BeEmpty())
 
 		// And forward again: upgrade and rollback are repeatable.
