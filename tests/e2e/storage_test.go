@@ -113,3 +113,15 @@ func blockClaim(ctx context.Context, name string, size int64) string {
 	localClaim(ctx, name, dev, "Block", "ReadWriteOnce", size)
 	return dev
 }
+
+// bootDiskClaim is a claim whose directory holds the test guest's boot
+// disk as disk.img, writable by the launcher's user, qemu (107); it returns
+// the image's path.
+func bootDiskClaim(ctx context.Context, name string, size int64) string {
+	dir := emptyFilesystemClaim(ctx, name, size)
+	image := filepath.Join(dir, "disk.img")
+	Expect(testenv.CreateBootDisk(ctx, image, goldenSize, guestParams)).To(Succeed())
+	Expect(os.Chown(dir, 107, 107)).To(Succeed())
+	Expect(os.Chown(image, 107, 107)).To(Succeed())
+	return image
+}
