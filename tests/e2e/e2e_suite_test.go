@@ -66,27 +66,78 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	framework.Require(err, "kubectl (hack/kubernetes.sh)")
 	kubectlBin = filepath.Join(strings.TrimSpace(string(out)), "kubectl")
 
-	if exec.CommandContext(ctx, clusterScript, "status").Run() == nil && kubevirtAvailable(ctx) {
+	if exec.CommandContext(ctx, clusterScript, "status").Run() == nil && kubevirtAvailable(ctx) && runsPatchedOperator(ctx) {
 		GinkgoWriter.Println("reusing the running cluster")
+		installed = patched
+	}
+}, NodeTimeout(time.Minute))
+
+// The KubeVirt the cluster runs, as the suite installed it.
+type kubevirtInstall string
+
+const (
+	// patched: the patched KubeVirt, installed by hack/cluster.sh kubevirt.
+	patched kubevirtInstall = "kubevirt"
+	// stock: KubeVirt v1.7.0 from the pristine tree (hack/cluster.sh
+	// kubevirt-stock), whatever the upgrade specs did to it since.
+	stock kubevirtInstall = "kubevirt-stock"
+)
+
+// upgradeLabel marks the specs that start from stock KubeVirt.
+const upgradeLabel = "upgrade"
+
+var (
+	// installed is what the cluster runs; empty before the suite started one.
+	installed kubevirtInstall
+	// startedCluster: the suite started the cluster, so it stops it.
+	startedCluster bool
+)
+
+// requireKubeVirt makes the cluster run want: unless it already does, a
+// fresh node (KubeVirt cannot be swapped in place without leftovers) with
+// want installed.
+func requireKubeVirt(ctx context.Context, want kubevirtInstall) {
+	if installed == want {
 		return
 	}
 	start := time.Now()
+	installed = ""
+	framework.Require(run(ctx, clusterScript, "down"), "stopping the one-node cluster (hack/cluster.sh down)")
+	startedCluster = true
 	framework.Require(run(ctx, clusterScript, "up"), "the one-node cluster (hack/cluster.sh up)")
-	if os.Getenv("E2E_KEEP_CLUSTER") == "" {
-		DeferCleanup(func(ctx SpecContext) {
-			Expect(run(ctx, clusterScript, "down")).To(Succeed())
-		}, NodeTimeout(2*time.Minute))
-	}
 	fmt.Printf("cluster up in %s\n", time.Since(start).Round(time.Second))
 	start = time.Now()
-	framework.Require(run(ctx, clusterScript, "kubevirt"), "KubeVirt on the one-node cluster (hack/cluster.sh kubevirt)")
-	fmt.Printf("KubeVirt Available in %s\n", time.Since(start).Round(time.Second))
-}, NodeTimeout(20*time.Minute))
+	framework.Require(run(ctx, clusterScript, string(want)), "KubeVirt on the one-node cluster (hack/cluster.sh "+string(want)+")")
+	fmt.Printf("%s Available in %s\n", want, time.Since(start).Round(time.Second))
+	installed = want
+}
+
+var _ = AfterSuite(func(ctx SpecContext) {
+	if startedCluster && os.Getenv("E2E_KEEP_CLUSTER") == "" {
+		Expect(run(ctx, clusterScript, "down")).To(Succeed())
+	}
+}, NodeTimeout(2*time.Minute))
 
 func kubevirtAvailable(ctx context.Context) bool {
 	out, err := kubectl(ctx, "-n", "kubevirt", "get", "kubevirt", "kubevirt",
 		"-o", `jsonpath={.status.conditions[?(@.type=="Available")].status}`)
 	return err == nil && out == "True"
+}
+
+var operatorImage = regexp.MustCompile(`(?m)^\s*image: (\S+/virt-operator\S*)$`)
+
+// runsPatchedOperator reports whether virt-operator runs the image of the
+// patched manifest `make images` wrote (not, say, what the upgrade specs
+// left).
+func runsPatchedOperator(ctx context.Context) bool {
+	manifest, err := os.ReadFile(filepath.Join(testenv.OutDir(), "kubevirt-v1.7.0", "manifests", "kubevirt-operator.yaml"))
+	if err != nil {
+		return false
+	}
+	m := operatorImage.FindSubmatch(manifest)
+	out, err := kubectl(ctx, "-n", "kubevirt", "get", "deployment", "virt-operator",
+		"-o", "jsonpath={.spec.template.spec.containers[0].image}")
+	return m != nil && err == nil && out == string(m[1])
 }
 
 // run runs a command with its output in the spec's log.

@@ -21,6 +21,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -129,7 +130,14 @@ func deleteVM(ctx context.Context, name string) {
 	waitVMIGone(ctx, name)
 }
 
+// Every spec runs on the patched KubeVirt but the upgrade specs, which
+// start from stock KubeVirt; the namespace of the specs' objects exists.
 var _ = BeforeEach(func(ctx SpecContext) {
+	want := patched
+	if slices.Contains(CurrentSpecReport().Labels(), upgradeLabel) {
+		want = stock
+	}
+	requireKubeVirt(ctx, want)
 	_, err := kubectl(ctx, "create", "namespace", namespace)
 	if err != nil && !strings.Contains(err.Error(), "AlreadyExists") {
 		Fail(err.Error())
