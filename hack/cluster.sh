@@ -528,9 +528,10 @@ up() {
 # KubeVirt as users install it: the operator manifest, then a KubeVirt CR;
 # emulation only without KVM. The patched KubeVirt gets the CR of
 # deploy/kubevirt with our feature gates; stock KubeVirt (built by
-# `hack/kubevirt-images.sh stock`) its release's CR, no gates.
+# `hack/kubevirt-images.sh stock`) its release's CR, no gates, created
+# with `kubectl create` as KubeVirt's installation guide does (verb).
 install_kubevirt() {
-	local start=${SECONDS} images=$1 manifest=$2 cr=$3 c archives=()
+	local start=${SECONDS} images=$1 manifest=$2 cr=$3 verb=$4 c archives=()
 	[[ -n $(node_pid) ]] || die "no node runs: hack/cluster.sh up"
 	[[ -f ${manifest} ]] || kubevirt_failed "no ${manifest}: run make images (stock: make images-stock)"
 	for c in virt-operator virt-api virt-controller virt-handler virt-launcher; do
@@ -538,10 +539,10 @@ install_kubevirt() {
 	done
 	import_archives "${archives[@]}" || kubevirt_failed "cannot import KubeVirt's images from ${images}"
 	log "images imported in $((SECONDS - start))s"
-	node_kubectl apply -f "${manifest}" >/dev/null
+	node_kubectl "${verb}" -f "${manifest}" >/dev/null
 	node_kubectl -n kubevirt rollout status deployment/virt-operator --timeout=300s ||
 		kubevirt_failed "virt-operator did not become ready"
-	node_kubectl apply -f "${cr}" >/dev/null
+	node_kubectl "${verb}" -f "${cr}" >/dev/null
 	if [[ ! -c /dev/kvm ]]; then
 		node_kubectl -n kubevirt patch kubevirt kubevirt --type merge \
 			-p '{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true}}}}' >/dev/null
@@ -586,11 +587,11 @@ main() {
 	status) status ;;
 	kubevirt)
 		install_kubevirt "${QCOW2_ROOT}/_out/images" "${KUBEVIRT_OUT}/manifests/kubevirt-operator.yaml" \
-			"${QCOW2_ROOT}/deploy/kubevirt/kubevirt.yaml"
+			"${QCOW2_ROOT}/deploy/kubevirt/kubevirt.yaml" apply
 		;;
 	kubevirt-stock)
 		local stock="${QCOW2_CACHE}/kubevirt-stock-${KUBEVIRT_VERSION}"
-		install_kubevirt "${stock}/images" "${stock}/manifests/kubevirt-operator.yaml" "${stock}/manifests/kubevirt-cr.yaml"
+		install_kubevirt "${stock}/images" "${stock}/manifests/kubevirt-operator.yaml" "${stock}/manifests/kubevirt-cr.yaml" create
 		;;
 	kubectl) node_kubectl "$@" ;;
 	import) import_archives "$@" ;;
