@@ -73,6 +73,8 @@ type DataDownloadReconciler struct {
 	Recorder record.EventRecorder
 	Config   Config
 	Now      func() time.Time
+	// Metrics counts the downloads that end; nil counts nothing.
+	Metrics *Metrics
 	// openRepository opens a location's repository for the controller's
 	// own reads; nil opens its bucket. Tests replace it.
 	openRepository func(*location) (*backup.Repository, error)
@@ -121,6 +123,11 @@ func (j *downloadJob) meta() metav1.ObjectMeta {
 // while the volume it wrote is bound to the target claim: the pod goes
 // first, as its claim cannot go while a pod uses it.
 const AnnotationRestoreResult = "kubevirt-datamover.io/restore-result"
+
+// AnnotationRestoreFinished on a DataDownload is when its restore pod's
+// result was kept (RFC 3339): the end of the transfer, which the metrics
+// time apart from the binding that follows.
+const AnnotationRestoreFinished = "kubevirt-datamover.io/restore-finished"
 
 func isOurDownload(o client.Object) bool {
 	dd, ok := o.(*velerov2.DataDownload)
@@ -370,6 +377,7 @@ func (r *DataDownloadReconciler) keepResult(ctx context.Context, dd *velerov2.Da
 		dd.Annotations = map[string]string{}
 	}
 	dd.Annotations[AnnotationRestoreResult] = message
+	dd.Annotations[AnnotationRestoreFinished] = r.Now().UTC().Format(time.RFC3339)
 	if err := r.Client.Patch(ctx, dd, patch); err != nil {
 		return fmt.Errorf("keep the restore result on DataDownload %s/%s: %w", dd.Namespace, dd.Name, err)
 	}
@@ -387,7 +395,7 @@ func (r *DataDownloadReconciler) op(dd *velerov2.DataDownload, temporaries ...cl
 	s := &dd.Status
 	return &operation[velerov2.DataDownloadPhase]{kind: "DataDownload", obj: dd, phase: &s.Phase, message: &s.Message,
 		start: &s.StartTimestamp, completion: &s.CompletionTimestamp, temporaries: temporaries,
-		client: r.Client, recorder: r.Recorder, now: r.Now}
+		client: r.Client, recorder: r.Recorder, now: r.Now, metrics: r.Metrics}
 }
 
 func (r *DataDownloadReconciler) setStatus(ctx context.Context, dd *velerov2.DataDownload, eventType, reason, msg string, change func(*velerov2.DataDownloadStatus)) error {

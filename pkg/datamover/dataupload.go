@@ -85,6 +85,8 @@ type DataUploadReconciler struct {
 	Recorder record.EventRecorder
 	Config   Config
 	Now      func() time.Time
+	// Metrics counts the uploads that end; nil counts nothing.
+	Metrics *Metrics
 	// openRepository opens a location's repository for the controller's
 	// own reads; nil opens its bucket. Tests replace it.
 	openRepository func(*location) (*backup.Repository, error)
@@ -774,7 +776,7 @@ func (r *DataUploadReconciler) op(du *velerov2.DataUpload, temporaries ...client
 	s := &du.Status
 	return &operation[velerov2.DataUploadPhase]{kind: "DataUpload", obj: du, phase: &s.Phase, message: &s.Message,
 		start: &s.StartTimestamp, completion: &s.CompletionTimestamp, temporaries: temporaries,
-		client: r.Client, recorder: r.Recorder, now: r.Now}
+		client: r.Client, recorder: r.Recorder, now: r.Now, metrics: r.Metrics}
 }
 
 func (r *DataUploadReconciler) setStatus(ctx context.Context, du *velerov2.DataUpload, eventType, reason, msg string, change func(*velerov2.DataUploadStatus)) error {

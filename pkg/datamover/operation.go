@@ -51,16 +51,26 @@ type operation[P ~string] struct {
 	client   client.Client
 	recorder record.EventRecorder
 	now      func() time.Time
+	// metrics records the end; nil records nothing.
+	metrics *Metrics
 }
 
 // setStatus changes the status with optimistic locking (a stale copy must
-// not move an operation back) and records an event.
+// not move an operation back) and records an event. A change that ends
+// the operation is counted in the metrics once the write succeeded: the
+// optimistic lock lets only one write move an operation from a live phase
+// to an end, and an operation found ended (after a restart, or by another
+// replica) is never ended again.
 func (o *operation[P]) setStatus(ctx context.Context, eventType, reason, msg string, change func()) error {
 	patch := client.MergeFromWithOptions(o.obj.DeepCopyObject().(client.Object), client.MergeFromWithOptimisticLock{})
+	before := string(*o.phase)
 	change()
 	*o.message = msg
 	if err := o.client.Patch(ctx, o.obj, patch); err != nil {
 		return fmt.Errorf("update status of %s %s: %w", o.kind, client.ObjectKeyFromObject(o.obj), err)
+	}
+	if after := string(*o.phase); !phaseEnded(before) && phaseEnded(after) {
+		o.metrics.ended(o.obj, after, *o.start, *o.completion)
 	}
 	logr.FromContextOrDiscard(ctx).Info(msg, "phase", *o.phase)
 	o.recorder.Event(o.obj, eventType, reason, msg)

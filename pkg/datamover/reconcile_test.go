@@ -39,6 +39,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
@@ -68,6 +70,13 @@ type step struct {
 	cleaned bool
 	// then checks more of what the reconcile left.
 	then func(*stepper)
+	// ends is the end the metrics counted, if any, at location (when
+	// not "default"); bytes and transfer are the bytes and the transfer
+	// time counted with it.
+	ends     string
+	location string
+	bytes    int64
+	transfer time.Duration
 }
 
 // stepper reconciles one DataUpload or DataDownload with a fake API
@@ -78,6 +87,8 @@ type stepper struct {
 	clock    *testingclock.FakePassiveClock
 	recorder *record.FakeRecorder
 	store    *objectstoretest.Memory
+	registry *prometheus.Registry
+	metrics  *Metrics
 }
 
 func newStepper(s step, owner client.Object) *stepper {
@@ -96,9 +107,12 @@ func newStepper(s step, owner client.Object) *stepper {
 			objs = append(objs, o)
 		}
 	}
+	registry := prometheus.NewRegistry()
+	metrics, err := NewMetrics(registry, nil)
+	Expect(err).NotTo(HaveOccurred())
 	return &stepper{ctx: context.Background(), c: fakeAPI(nil, append(append(objs, s.objs...), owner)...),
 		clock: testingclock.NewFakePassiveClock(created.Add(after)), recorder: record.NewFakeRecorder(100),
-		store: objectstoretest.NewMemory()}
+		store: objectstoretest.NewMemory(), registry: registry, metrics: metrics}
 }
 
 func (t *stepper) repository(*location) (*backup.Repository, error) {
@@ -294,9 +308,12 @@ func ofOperation(dd *velerov2.DataDownload) {
 	dd.Annotations = map[string]string{AnnotationTargetVMName: "db"}
 }
 
-// resultKept is restore-db once the restore pod's result is kept.
+// resultKept is restore-db once the restore pod's result is kept, 45 s
+// after its creation, the pod's last progress report the whole size.
 func resultKept(dd *velerov2.DataDownload) {
-	dd.Annotations = map[string]string{AnnotationRestoreResult: `{"chain":["cp-1"],"bytes":42}`}
+	dd.Annotations = map[string]string{AnnotationRestoreResult: `{"chain":["cp-1"],"bytes":42}`,
+		AnnotationRestoreFinished: created.Add(45 * time.Second).UTC().Format(time.RFC3339)}
+	dd.Status.Progress.TotalBytes, dd.Status.Progress.BytesDone = 42, 42
 }
 
 func (t *stepper) volume() *corev1.PersistentVolume {
@@ -345,7 +362,7 @@ var _ = Describe("the DataUpload state machine", func() {
 		func(du *velerov2.DataUpload, s step) {
 			t := newStepper(s, du)
 			r := &DataUploadReconciler{Client: t.c, Reader: t.c, Recorder: t.recorder, Config: Config{Identity: "node-1"},
-				Now: t.clock.Now, openRepository: t.repository}
+				Now: t.clock.Now, Metrics: t.metrics, openRepository: t.repository}
 			r.Config.defaults()
 
 			res, err := r.Reconcile(t.ctx, request(du))
@@ -353,6 +370,7 @@ var _ = Describe("the DataUpload state machine", func() {
 			out := &velerov2.DataUpload{}
 			Expect(t.c.Get(t.ctx, client.ObjectKeyFromObject(du), out)).To(Succeed())
 			t.check(s, res, err, du, out, string(out.Status.Phase), out.Status.Message, uploadTemporaries())
+			Expect(samples(t.registry)).To(Equal(counted(KindLabelDataUpload, s)))
 			if s.event != "" && uploadDone(out.Status.Phase) {
 				Expect(out.Status.StartTimestamp).NotTo(BeNil())
 				Expect(out.Status.CompletionTimestamp.Time).To(BeTemporally("==", t.clock.Now()))
@@ -364,10 +382,10 @@ var _ = Describe("the DataUpload state machine", func() {
 		Entry("New: a stopped VM fails it", newUpload(velerov2.DataUploadPhaseNew), step{
 			objs: []client.Object{&kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod"},
 				Status: kubevirtv1.VirtualMachineStatus{PrintableStatus: kubevirtv1.VirtualMachineStatusStopped}}},
-			phase: "Failed", message: "^VirtualMachine prod/db is Stopped: only a running VM can be backed up$", event: "Warning Failed",
+			phase: "Failed", message: "^VirtualMachine prod/db is Stopped: only a running VM can be backed up$", event: "Warning Failed", ends: "Failed",
 			cleaned: true}),
 		Entry("New: no VM named fails it", with(newUpload(""), func(du *velerov2.DataUpload) { du.Annotations = nil; du.Spec.SourceNamespace = "" }), step{
-			phase: "Failed", message: "^DataUpload names no VirtualMachine", event: "Warning Failed"}),
+			phase: "Failed", message: "^DataUpload names no VirtualMachine", event: "Warning Failed", ends: "Failed"}),
 		Entry("Accepted: an older DataUpload of the VM goes first", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs: []client.Object{with(newUpload(velerov2.DataUploadPhaseInProgress), func(du *velerov2.DataUpload) {
 				du.Name, du.CreationTimestamp = "hourly-db", metav1.NewTime(created.Add(-time.Minute))
@@ -381,7 +399,8 @@ var _ = Describe("the DataUpload state machine", func() {
 			event: "Normal BackupStorageLocationUnavailable", result: ctrl.Result{RequeueAfter: 30 * time.Second}}),
 		Entry("Accepted: a missing location fails it", with(newUpload(velerov2.DataUploadPhaseAccepted), func(du *velerov2.DataUpload) {
 			du.Spec.BackupStorageLocation = "gone"
-		}), step{phase: "Failed", message: "^backup storage location velero/gone not found$", event: "Warning Failed", cleaned: true}),
+		}), step{phase: "Failed", message: "^backup storage location velero/gone not found$", event: "Warning Failed", ends: "Failed",
+			location: "gone", cleaned: true}),
 		Entry("Accepted: KubeVirt still writes", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  []client.Object{vmBackup(nil)},
 			phase: "Accepted", message: "^waiting for VirtualMachineBackup prod/kubevirt-backup-nightly-db$", event: "Normal WaitingForVMBackup",
@@ -393,10 +412,10 @@ var _ = Describe("the DataUpload state machine", func() {
 		Entry("Accepted: KubeVirt failed", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  append(uploadTemporaries()[:1], vmBackup(vmBackupIs(kubevirtbackup.ConditionFailed, "domain not running", ""))),
 			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db failed: domain not running$",
-			event: "Warning Failed", cleaned: true}),
+			event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Accepted: KubeVirt named no checkpoint", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", ""))},
-			phase: "Failed", message: "completed without a checkpoint name$", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "completed without a checkpoint name$", event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Prepared: the backup's volume is held, its claim in the VM's namespace deleted", newUpload(velerov2.DataUploadPhasePrepared), step{
 			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1")), claimOf(inProd(uploadChild), "backup-claim-uid"), backupVolume()},
 			phase: "Prepared", message: "^waiting for claim prod/kubevirt-backup-nightly-db to be deleted$", event: "Normal WaitingForClaimDeletion",
@@ -455,25 +474,27 @@ var _ = Describe("the DataUpload state machine", func() {
 			objs:  []client.Object{vmBackup(nil), moverPod(uploadChild, corev1.PodRunning, "")},
 			phase: "InProgress", message: "^upload pod velero/kubevirt-backup-nightly-db is running$", event: "Normal UploadStarted",
 			result: ctrl.Result{RequeueAfter: left}}),
-		Entry("InProgress: the pod succeeded", newUpload(velerov2.DataUploadPhaseInProgress), step{
+		Entry("InProgress: the pod succeeded", startedAt(newUpload(velerov2.DataUploadPhaseInProgress)), step{
 			objs: append(uploadTemporaries()[1:], moverPod(uploadChild, corev1.PodSucceeded,
 				`{"checkpoint":"cp-1","type":"full","bytes":42,"path":"checkpoints/prod/db/cp-1"}`)),
 			phase: "Completed", message: "^full checkpoint cp-1 of prod/db stored for backup nightly: 42 bytes uploaded$",
-			event: "Normal Completed", cleaned: true, result: ctrl.Result{RequeueAfter: left}}),
-		Entry("InProgress: the pod failed", newUpload(velerov2.DataUploadPhaseInProgress), step{
+			event: "Normal Completed", ends: "Completed", bytes: 42, transfer: 30 * time.Second, cleaned: true, result: ctrl.Result{RequeueAfter: left}}),
+		Entry("InProgress: the pod failed", with(newUpload(velerov2.DataUploadPhaseInProgress), func(du *velerov2.DataUpload) {
+			du.Status.Progress.BytesDone = 10
+		}), step{
 			objs:  append(uploadTemporaries()[1:], moverPod(uploadChild, corev1.PodFailed, "no space left on device\nat line 3")),
 			phase: "Failed", message: "^upload pod velero/kubevirt-backup-nightly-db failed: no space left on device$",
-			event: "Warning Failed", cleaned: true}),
+			event: "Warning Failed", ends: "Failed", bytes: 10, cleaned: true}),
 		Entry("InProgress: the pod disappeared", newUpload(velerov2.DataUploadPhaseInProgress), step{
 			objs:  []client.Object{vmBackup(nil)},
-			phase: "Failed", message: "^upload pod velero/kubevirt-backup-nightly-db disappeared$", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "^upload pod velero/kubevirt-backup-nightly-db disappeared$", event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("InProgress: the VirtualMachineBackup disappeared", newUpload(velerov2.DataUploadPhaseInProgress), step{
-			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db disappeared$", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db disappeared$", event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("InProgress: the operation timed out", with(newUpload(velerov2.DataUploadPhaseInProgress), func(du *velerov2.DataUpload) {
 			du.Spec.OperationTimeout = metav1.Duration{Duration: time.Hour}
 		}), step{
 			objs: uploadTemporaries(), after: time.Hour,
-			phase: "Failed", message: "^timed out after 1h0m0s in phase InProgress$", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "^timed out after 1h0m0s in phase InProgress$", event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Accepted: a cancel goes through Canceling", with(newUpload(velerov2.DataUploadPhaseAccepted), func(du *velerov2.DataUpload) {
 			du.Spec.Cancel = true
 		}), step{
@@ -482,9 +503,9 @@ var _ = Describe("the DataUpload state machine", func() {
 			creates: uploadTemporaries()}),
 		Entry("Canceling: the temporary objects go", newUpload(velerov2.DataUploadPhaseCanceling), step{
 			objs:  uploadTemporaries(),
-			phase: "Canceled", message: "^canceled$", event: "Normal Canceled", cleaned: true}),
+			phase: "Canceled", message: "^canceled$", event: "Normal Canceled", ends: "Canceled", cleaned: true}),
 		Entry("New: a cancel ends it at once", with(newUpload(""), func(du *velerov2.DataUpload) { du.Spec.Cancel = true }), step{
-			phase: "Canceled", message: "^canceled$", event: "Normal Canceled", cleaned: true}),
+			phase: "Canceled", message: "^canceled$", event: "Normal Canceled", ends: "Canceled", cleaned: true}),
 		Entry("Completed: the temporary objects go once", newUpload(velerov2.DataUploadPhaseCompleted), step{
 			objs: uploadTemporaries(), phase: "Completed", cleaned: true}),
 		Entry("Completed and cleaned up: nothing is deleted again", with(newUpload(velerov2.DataUploadPhaseCompleted), func(du *velerov2.DataUpload) {
@@ -523,7 +544,7 @@ var _ = Describe("the DataDownload state machine", func() {
 				storeBackup(t.ctx, t)
 			}
 			r := &DataDownloadReconciler{Client: t.c, Reader: t.c, Recorder: t.recorder, Config: Config{Identity: "node-1"},
-				Now: t.clock.Now, openRepository: t.repository}
+				Now: t.clock.Now, Metrics: t.metrics, openRepository: t.repository}
 			r.Config.defaults()
 
 			res, err := r.Reconcile(t.ctx, request(dd))
@@ -531,6 +552,7 @@ var _ = Describe("the DataDownload state machine", func() {
 			out := &velerov2.DataDownload{}
 			Expect(t.c.Get(t.ctx, client.ObjectKeyFromObject(dd), out)).To(Succeed())
 			t.check(s, res, err, dd, out, string(out.Status.Phase), out.Status.Message, downloadTemporaries())
+			Expect(samples(t.registry)).To(Equal(counted(KindLabelDataDownload, s)))
 			if s.event != "" && downloadDone(out.Status.Phase) && !downloadDone(dd.Status.Phase) {
 				Expect(out.Status.StartTimestamp).NotTo(BeNil())
 				Expect(out.Status.CompletionTimestamp.Time).To(BeTemporally("==", t.clock.Now()))
@@ -541,7 +563,7 @@ var _ = Describe("the DataDownload state machine", func() {
 			result: ctrl.Result{RequeueAfter: left}}),
 		Entry("New: a snapshot ID of another data mover fails it", with(newDownload(""), func(dd *velerov2.DataDownload) {
 			dd.Spec.SnapshotID = "f8b5c2a1"
-		}), false, step{phase: "Failed", message: "want <backup>/<vm namespace>/<vm name>", event: "Warning Failed"}),
+		}), false, step{phase: "Failed", message: "want <backup>/<vm namespace>/<vm name>", event: "Warning Failed", ends: "Failed"}),
 		Entry("Accepted: a missing target claim is waited for", with(newDownload(velerov2.DataDownloadPhaseAccepted), func(dd *velerov2.DataDownload) {
 			dd.Spec.TargetVolume.PVC = "db-new"
 		}), true, step{phase: "Accepted", message: "^waiting for target claim prod/db-new$", event: "Normal WaitingForTarget",
@@ -561,11 +583,11 @@ var _ = Describe("the DataDownload state machine", func() {
 			}}),
 		Entry("Accepted: a target claim bound already fails it, naming the claim", newDownload(velerov2.DataDownloadPhaseAccepted), true, step{
 			objs:  []client.Object{userClaim("pvc-other")},
-			phase: "Failed", message: "^target claim prod/db-root is already bound to volume pvc-other: ", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "^target claim prod/db-root is already bound to volume pvc-other: ", event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Accepted: the backup holds no such disk", with(newDownload(velerov2.DataDownloadPhaseAccepted), func(dd *velerov2.DataDownload) {
 			dd.Spec.DataMoverConfig = map[string]string{ConfigDisk: "vdb"}
 		}), true, step{phase: "Failed", message: "^backup nightly of prod/db holds no disk vdb \\(checkpoint cp-1\\)$",
-			event: "Warning Failed", cleaned: true}),
+			event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Prepared: the pod runs", newDownload(velerov2.DataDownloadPhasePrepared), false, step{
 			objs:  []client.Object{restorePod(corev1.PodRunning, "")},
 			phase: "InProgress", message: "^restore pod velero/kubevirt-restore-restore-db is running$", event: "Normal RestoreStarted",
@@ -585,6 +607,7 @@ var _ = Describe("the DataDownload state machine", func() {
 				dd := &velerov2.DataDownload{}
 				Expect(t.c.Get(t.ctx, client.ObjectKey{Namespace: "velero", Name: "restore-db"}, dd)).To(Succeed())
 				Expect(dd.Annotations).To(HaveKeyWithValue(AnnotationRestoreResult, `{"chain":["cp-1"],"bytes":42}`))
+				Expect(dd.Annotations).To(HaveKeyWithValue(AnnotationRestoreFinished, t.clock.Now().UTC().Format(time.RFC3339)))
 			}}),
 		Entry("InProgress: the held volume is offered to the target claim", with(newDownload(velerov2.DataDownloadPhaseInProgress), resultKept), false, step{
 			objs: []client.Object{restoredVolume(heldByDownload), with(userClaim(""), func(c *corev1.PersistentVolumeClaim) {
@@ -602,10 +625,10 @@ var _ = Describe("the DataDownload state machine", func() {
 				Expect(pv.Labels).To(HaveKeyWithValue("velero.io/dynamic-pv-restore", "prod.db-root.x7k2p"), "the volume matches the claim's selector")
 				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimRetain))
 			}}),
-		Entry("InProgress: the volume bound to the target claim completes it", with(newDownload(velerov2.DataDownloadPhaseInProgress), resultKept), false, step{
+		Entry("InProgress: the volume bound to the target claim completes it", with(startedAt(newDownload(velerov2.DataDownloadPhaseInProgress)), resultKept), false, step{
 			objs:  []client.Object{restoredVolume(heldByDownload, boundTo), userClaim("pvc-restore")},
 			phase: "Completed", message: "^restored disk db-root of prod/db from backup nightly \\(chain of 1, 42 bytes\\) into claim prod/db-root \\(volume pvc-restore\\)$",
-			event: "Normal Completed", cleaned: true, result: ctrl.Result{RequeueAfter: left},
+			event: "Normal Completed", ends: "Completed", bytes: 42, transfer: 15 * time.Second, cleaned: true, result: ctrl.Result{RequeueAfter: left},
 			then: func(t *stepper) {
 				pv := t.volume()
 				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete), "its own reclaim policy back")
@@ -614,7 +637,7 @@ var _ = Describe("the DataDownload state machine", func() {
 			}}),
 		Entry("InProgress: a target claim bound to another volume meanwhile fails it, the volume to be deleted", with(newDownload(velerov2.DataDownloadPhaseInProgress), resultKept), false, step{
 			objs:  []client.Object{restoredVolume(heldByDownload), userClaim("pvc-other")},
-			phase: "Failed", message: "^claim prod/db-root is bound to volume pvc-other, not to volume pvc-restore$", event: "Warning Failed", cleaned: true,
+			phase: "Failed", message: "^claim prod/db-root is bound to volume pvc-other, not to volume pvc-restore$", event: "Warning Failed", ends: "Failed", bytes: 42, cleaned: true,
 			then: func(t *stepper) {
 				pv := t.volume()
 				Expect(pv.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete))
@@ -622,18 +645,18 @@ var _ = Describe("the DataDownload state machine", func() {
 			}}),
 		Entry("InProgress: the pod failed", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
 			objs:  append(downloadTemporaries()[1:], restorePod(corev1.PodFailed, "checksum mismatch")),
-			phase: "Failed", message: "^restore pod velero/kubevirt-restore-restore-db failed: checksum mismatch$", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "^restore pod velero/kubevirt-restore-restore-db failed: checksum mismatch$", event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("InProgress: the pod disappeared", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
-			phase: "Failed", message: "^restore pod velero/kubevirt-restore-restore-db disappeared$", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "^restore pod velero/kubevirt-restore-restore-db disappeared$", event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("InProgress: the operation timed out", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
 			objs: downloadTemporaries(), after: 4 * time.Hour,
-			phase: "Failed", message: "^timed out after 4h0m0s in phase InProgress$", event: "Warning Failed", cleaned: true}),
+			phase: "Failed", message: "^timed out after 4h0m0s in phase InProgress$", event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Prepared: a cancel goes through Canceling", with(newDownload(velerov2.DataDownloadPhasePrepared), func(dd *velerov2.DataDownload) {
 			dd.Spec.Cancel = true
 		}), false, step{objs: downloadTemporaries(), phase: "Canceling", message: "^canceling$", event: "Normal Canceling",
 			result: ctrl.Result{RequeueAfter: cancelingPause}, creates: downloadTemporaries()}),
 		Entry("Canceling: the temporary objects go", newDownload(velerov2.DataDownloadPhaseCanceling), false, step{
-			objs: downloadTemporaries(), phase: "Canceled", message: "^canceled$", event: "Normal Canceled", cleaned: true}),
+			objs: downloadTemporaries(), phase: "Canceled", message: "^canceled$", event: "Normal Canceled", ends: "Canceled", cleaned: true}),
 		Entry("Failed: the temporary objects go once", newDownload(velerov2.DataDownloadPhaseFailed), false, step{
 			objs: downloadTemporaries(), phase: "Failed", cleaned: true}),
 		Entry("Completed, the last of its operation: the VM gets its run strategy back", with(newDownload(velerov2.DataDownloadPhaseCompleted), ofOperation), false, step{

@@ -28,6 +28,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // NewScheme knows the types the controllers read and write: Kubernetes',
@@ -44,14 +45,20 @@ func NewScheme() (*runtime.Scheme, error) {
 	return s, nil
 }
 
-// Setup registers both controllers with mgr.
+// Setup registers both controllers with mgr, and their metrics on
+// controller-runtime's registry, which the manager's metrics endpoint
+// serves. Call it once per process.
 func Setup(ctx context.Context, mgr ctrl.Manager, cfg Config) error {
+	metrics, err := NewMetrics(ctrlmetrics.Registry, mgr.GetClient())
+	if err != nil {
+		return err
+	}
 	up := &DataUploadReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
-		Recorder: mgr.GetEventRecorderFor("kubevirt-datamover"), Config: cfg}
+		Recorder: mgr.GetEventRecorderFor("kubevirt-datamover"), Config: cfg, Metrics: metrics}
 	if err := up.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
 	down := &DataDownloadReconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
-		Recorder: mgr.GetEventRecorderFor("kubevirt-datamover"), Config: cfg}
+		Recorder: mgr.GetEventRecorderFor("kubevirt-datamover"), Config: cfg, Metrics: metrics}
 	return down.SetupWithManager(mgr)
 }
