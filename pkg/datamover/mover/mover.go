@@ -34,6 +34,8 @@ import (
 )
 
 // ProgressFunc is told how many of total bytes have moved, over all files.
+// total is what the transfer moves, known and told before the first byte
+// moves (done 0), as Velero's own uploaders set TotalBytes up front.
 type ProgressFunc func(done, total int64)
 
 // UploadedFile is one disk file stored by an upload.
@@ -141,6 +143,9 @@ func Upload(ctx context.Context, repo *backup.Repository, o UploadOptions, progr
 }
 
 func uploadFiles(ctx context.Context, up *backup.Upload, o UploadOptions, files []string, total int64, progress ProgressFunc) (*UploadResult, error) {
+	if progress != nil {
+		progress(0, total)
+	}
 	report := sumProgress(total, progress)
 	for i, d := range o.Disks {
 		if _, err := up.PutDisk(ctx, d.Name, files[i], report); err != nil {
@@ -204,6 +209,9 @@ func Restore(ctx context.Context, repo *backup.Repository, o RestoreOptions, pro
 		if !found {
 			return nil, fmt.Errorf("backup %s of %s has no disk %s in checkpoint %s", o.Backup, o.VM, o.Disk, c.ID)
 		}
+	}
+	if progress != nil {
+		progress(0, total)
 	}
 	report := sumProgress(total, progress)
 	res, err := repo.Restore(ctx, backup.RestoreOptions{Backup: o.Backup, VM: o.VM, Disk: o.Disk,
