@@ -45,3 +45,14 @@ func PeerPID(conn *net.UnixConn) (int, error) {
 	}
 	return int(cred.Pid), nil
 }
+
+// FreePort is a TCP port on loopback that nothing listens on now, for a
+// server that must be told its address before it starts.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -41,6 +41,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 )
 
@@ -88,7 +89,7 @@ func StartTLS(ctx context.Context, binary, dir string) (*Server, error) {
 }
 
 func start(ctx context.Context, binary, dir string, useTLS bool) (*Server, error) {
-	port, err := freePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -270,13 +271,4 @@ func (s *Server) makeCertificates(dir string) (certFile, keyFile string, err err
 	}
 	s.CACert = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
 	return certFile, keyFile, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
