@@ -20,6 +20,7 @@ package deploy_test
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -30,6 +31,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -73,6 +75,28 @@ var _ = Describe("deploy/datamover", Ordered, func() {
 		Expect(pod.Containers[0].Args).To(ContainElements("-namespace=velero", "-image=registry.example.com/kubevirt-qcow2/datamover:dev"))
 		Expect(*d.Spec.Replicas).To(BeEquivalentTo(1))
 		Expect(d.Spec.Strategy.Type).To(Equal(appsv1.RecreateDeploymentStrategyType))
+	})
+
+	It("serves the controller's metrics through a Service, on the port the controller binds", func() {
+		d := &appsv1.Deployment{}
+		Expect(c.Get(ctx, client.ObjectKey{Namespace: "kubevirt-datamover", Name: "datamover-controller"}, d)).To(Succeed())
+		svc := &corev1.Service{}
+		Expect(c.Get(ctx, client.ObjectKey{Namespace: "kubevirt-datamover", Name: "datamover-controller-metrics"}, svc)).To(Succeed())
+		Expect(labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels))).To(BeTrue(),
+			"the Service selects the controller's pods")
+		Expect(svc.Spec.Ports).To(HaveLen(1))
+		port := svc.Spec.Ports[0]
+		Expect(port.Name).To(Equal("metrics"))
+		Expect(port.TargetPort.StrVal).To(Equal("metrics"))
+		ctr := d.Spec.Template.Spec.Containers[0]
+		var containerPort int32
+		for _, p := range ctr.Ports {
+			if p.Name == "metrics" {
+				containerPort = p.ContainerPort
+			}
+		}
+		Expect(containerPort).NotTo(BeZero(), "the container names its metrics port")
+		Expect(ctr.Args).To(ContainElement(fmt.Sprintf("-metrics-bind-address=:%d", containerPort)))
 	})
 
 	// What pkg/datamover calls: cached reads list and watch, direct reads
