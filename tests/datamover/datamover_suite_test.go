@@ -27,6 +27,7 @@ package datamover_test
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -64,10 +65,13 @@ var (
 	s3Binary string
 	// kubeconfig reaches the API server, for commands the specs run.
 	kubeconfig []byte
-	k8s        client.Client
-	scheme     *runtime.Scheme
-	s3         *s3server.Server
-	vols       volumes
+	// k8s also watches, for specs that must see every change.
+	k8s    client.WithWatch
+	scheme *runtime.Scheme
+	s3     *s3server.Server
+	vols   volumes
+	// metricsURL is the controller's metrics endpoint.
+	metricsURL string
 	kubevirt   *kubeVirtStandIn
 	kubelet    *kubeletStandIn
 )
@@ -88,7 +92,7 @@ var _ = BeforeSuite(func(ctx context.Context) {
 
 	scheme, err = datamover.NewScheme()
 	Expect(err).NotTo(HaveOccurred())
-	k8s, err = client.New(api.Config, client.Options{Scheme: scheme})
+	k8s, err = client.NewWithWatch(api.Config, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
 
 	s3, err = s3server.Start(ctx, s3Binary, GinkgoT().TempDir())
@@ -102,10 +106,14 @@ var _ = BeforeSuite(func(ctx context.Context) {
 			"\naws_secret_access_key = " + s3.SecretKey + "\n"},
 	})).To(Succeed())
 
+	port, err := testenv.FreePort()
+	Expect(err).NotTo(HaveOccurred())
+	metricsAddress := fmt.Sprintf("127.0.0.1:%d", port)
+	metricsURL = "http://" + metricsAddress + "/metrics"
 	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
 		Scheme:                 scheme,
 		Cache:                  datamover.CacheOptions(veleroNamespace),
-		Metrics:                metricsserver.Options{BindAddress: "0"},
+		Metrics:                metricsserver.Options{BindAddress: metricsAddress},
 		HealthProbeBindAddress: "0",
 	})
 	Expect(err).NotTo(HaveOccurred())
