@@ -188,10 +188,58 @@ var _ = Describe("backup and restore", func() {
 		Entry("altered in place", func(f *fixture) {
 			f.store.Tamper(diskKey("b1"), func(b []byte) []byte { b[len(b)/2] ^= 0xff; return b })
 		}, "b1-vda.qcow2: sha256 is"),
+		Entry("altered in place: read again, never trusted", func(f *fixture) {
+			f.store.Tamper(diskKey("b1"), func(b []byte) []byte { b[len(b)/2] ^= 0xff; return b })
+		}, "the object was altered (after 3 attempts)"),
 		Entry("truncated", func(f *fixture) {
 			f.store.Tamper(diskKey("b3"), func(b []byte) []byte { return b[:100] })
 		}, "has 100 bytes, the index records"),
 	)
+
+	It("reads a layer again whose bytes were altered on the way, and restores it", func() {
+		f.threeBackups()
+		altered := 0
+		f.store.Tear = func(key string, data []byte) []byte {
+			if key == diskKey("b2") && altered < 2 {
+				altered++
+				data[len(data)/2] ^= 0xff
+			}
+			return data
+		}
+		f.expectRestored("b3")
+		Expect(altered).To(Equal(2))
+	})
+
+	It("fails a restore, naming the layer, whose reads are altered every time, before qemu-img sees it", func() {
+		f.threeBackups()
+		reads := 0
+		f.store.Tear = func(key string, data []byte) []byte {
+			if key == diskKey("b2") {
+				reads++
+				data[len(data)/2] ^= 0xff
+			}
+			return data
+		}
+		_, err := f.restore("b3")
+		Expect(err).To(MatchError(MatchRegexp(`^restore default/vm1 disk vda: checkpoint cp-b2: object ` + diskKey("b2") +
+			`: sha256 is [0-9a-f]{64}, the index records [0-9a-f]{64}: the object was altered \(after 3 attempts\)$`)))
+		Expect(backup.IsCorrupt(err)).To(BeTrue())
+		Expect(reads).To(Equal(3))
+	})
+
+	It("resumes a layer whose body ended early without an error", func() {
+		f.threeBackups()
+		cut := 0
+		f.store.Tear = func(key string, data []byte) []byte {
+			if key == diskKey("b1") && cut == 0 {
+				cut++
+				return data[:len(data)/3]
+			}
+			return data
+		}
+		f.expectRestored("b3")
+		Expect(cut).To(Equal(1), "the read from where the body ended is whole")
+	})
 
 	It("resumes downloads whose connection breaks", func() {
 		f.threeBackups()

@@ -160,12 +160,42 @@ func (e *ObjectError) Error() string { return fmt.Sprintf("object %s: %s", e.Obj
 
 // downloadFile streams key into w, resuming from where a broken read
 // stopped, and checks the recorded size and digest. sum may be empty for
-// objects recorded without one.
-func (r *Repository) downloadFile(ctx context.Context, key string, w io.Writer, size int64, sum string, progress Progress) error {
-	pipe := newHashPipe(sha256.New())
-	var done int64
+// objects recorded without one. A download whose bytes are not what the
+// index recorded (a body cut short or altered on the way) is never
+// trusted: it starts over from the object's beginning, as often as
+// r.backoff allows, and then fails with an *ObjectError naming the key.
+// An object the store itself describes otherwise (missing, or of another
+// size) fails at once.
+func (r *Repository) downloadFile(ctx context.Context, key string, w io.WriteSeeker, size int64, sum string, progress Progress) error {
 	m := r.track(key, size, progress)
 	defer m.Stop()
+	attempts := r.backoff().Steps
+	for attempt := 1; ; attempt++ {
+		err := r.downloadOnce(ctx, key, w, size, sum, m)
+		var bad *badRead
+		if !errors.As(err, &bad) {
+			return err
+		}
+		if attempt >= attempts {
+			return &ObjectError{Object: key, Reason: fmt.Sprintf("%s (after %d attempts)", bad.reason, attempt)}
+		}
+		if _, err := w.Seek(0, io.SeekStart); err != nil {
+			return fmt.Errorf("download %s: start over: %w", key, err)
+		}
+		m.done.Store(0)
+	}
+}
+
+// badRead is a download whose bytes are not the object the index
+// records, while the store describes the object as recorded.
+type badRead struct{ reason string }
+
+func (e *badRead) Error() string { return e.reason }
+
+// downloadOnce streams key into w from its beginning.
+func (r *Repository) downloadOnce(ctx context.Context, key string, w io.Writer, size int64, sum string, m *meter) error {
+	pipe := newHashPipe(sha256.New())
+	var done int64
 	err := retry.OnError(ctx, r.backoff(), retriableRead, func() error {
 		// A read that moved bytes resumes at once: only reads that move
 		// nothing count as failed attempts.
@@ -186,10 +216,10 @@ func (r *Repository) downloadFile(ctx context.Context, key string, w io.Writer, 
 		return fmt.Errorf("download %s: %w", key, err)
 	}
 	if done != size {
-		return &ObjectError{Object: key, Reason: fmt.Sprintf("has %d bytes, the index records %d", done, size)}
+		return &badRead{reason: fmt.Sprintf("read %d bytes, the index records %d", done, size)}
 	}
 	if sum != "" && hex.EncodeToString(got) != sum {
-		return &ObjectError{Object: key, Reason: fmt.Sprintf("sha256 is %x, the index records %s: the object was altered", got, sum)}
+		return &badRead{reason: fmt.Sprintf("sha256 is %x, the index records %s: the object was altered", got, sum)}
 	}
 	return nil
 }
@@ -282,10 +312,14 @@ func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, pi
 			pipe.reuse(buf)
 		}
 		// io.ReadFull returns these sentinels as they are: rc ended. A
-		// wrapped one is a failure to resume from.
+		// wrapped one is a failure to resume from, and so is a body that
+		// ended before the object did.
 		switch err {
 		case nil:
 		case io.EOF, io.ErrUnexpectedEOF:
+			if offset+n < size {
+				return n, fmt.Errorf("read %s: the body ended at %d of %d bytes: %w", key, offset+n, size, objectstore.ErrTornRead)
+			}
 			return n, nil
 		default:
 			return n, fmt.Errorf("read %s at %d: %w", key, offset+n, err)
@@ -295,8 +329,15 @@ func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, pi
 
 // hashObject reads an object to the end and checks its digest.
 func (r *Repository) hashObject(ctx context.Context, key string, size int64, sum string) error {
-	return r.downloadFile(ctx, key, io.Discard, size, sum, nil)
+	return r.downloadFile(ctx, key, discard{}, size, sum, nil)
 }
+
+// discard is io.Discard that can start over.
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func (discard) Seek(int64, int) (int64, error) { return 0, nil }
 
 // backoff paces the attempts of one transfer: r.Retries of them, with
 // pauses from r.RetryDelay doubling.
