@@ -19,6 +19,7 @@ Copyright The kubevirt-qcow2 Authors.
 package backup_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -31,6 +32,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -69,18 +71,59 @@ type faultyProxy struct {
 	sent   map[int]int
 	fault  func(part, attempt int) fault
 	target *url.URL
+	// alter, when set, gives the body the client gets for the n-th
+	// (from 0) whole GET of path in place of body, of the same length,
+	// and the proxy drops the store's checksums from every GET's
+	// answer: a store that keeps none, on a path that alters bytes.
+	alter func(path string, n int, body []byte) []byte
+	gets  map[string]int
+}
+
+// altering makes the proxy alter GET answers with alter.
+func (p *faultyProxy) altering(alter func(path string, n int, body []byte) []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.alter = alter
+}
+
+// alterGet is the reverse proxy's ModifyResponse.
+func (p *faultyProxy) alterGet(resp *http.Response) error {
+	p.mu.Lock()
+	alter := p.alter
+	path := resp.Request.URL.Path
+	n := p.gets[path]
+	p.mu.Unlock()
+	if alter == nil || resp.Request.Method != http.MethodGet || resp.StatusCode != http.StatusOK || resp.Request.Header.Get("Range") != "" {
+		return nil
+	}
+	p.mu.Lock()
+	p.gets[path]++
+	p.mu.Unlock()
+	for h := range resp.Header {
+		if strings.HasPrefix(strings.ToLower(h), "x-amz-checksum-") {
+			resp.Header.Del(h)
+		}
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(alter(path, n, body)))
+	return nil
 }
 
 func newFaultyProxy(srv *s3server.Server, f func(part, attempt int) fault) *faultyProxy {
 	target, err := url.Parse(srv.URL)
 	Expect(err).NotTo(HaveOccurred())
-	p := &faultyProxy{sent: map[int]int{}, fault: f, target: target}
+	p := &faultyProxy{sent: map[int]int{}, fault: f, target: target, gets: map[string]int{}}
 	// The client signs the Host it dials, the proxy's; the proxy keeps
 	// it, so the server checks the signature against what was signed.
 	forward := httputil.NewSingleHostReverseProxy(target)
 	// Requests the client gives up on after a failure end in "context
 	// canceled": the spec's log, not the terminal's.
 	forward.ErrorLog = log.New(GinkgoWriter, "proxy: ", 0)
+	forward.ModifyResponse = p.alterGet
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		part, err := strconv.Atoi(r.URL.Query().Get("partNumber"))
 		if r.Method != http.MethodPut || err != nil {
@@ -269,6 +312,43 @@ var _ = Describe("transfers through a failing S3 server", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(idx.Checkpoint("cp2")).To(BeNil())
 		noUploadsInProgress()
+	})
+
+	It("trusts no document or layer whose bytes were altered on the way from a store that keeps no checksum", func() {
+		p := newFaultyProxy(srv, func(int, int) fault { return pass })
+		repo, _ := through(p)
+		hv := disk()
+		_, err := repo.BackupVM(ctx, vm, hv, backup.BackupOptions{Backup: "b1", Checkpoint: "cp1", WorkDir: work})
+		Expect(err).NotTo(HaveOccurred())
+
+		// The first read of each: the index says another VM name, still
+		// valid JSON of the same length; the layer has a byte flipped.
+		index := "/" + path.Join(bucket, catalog.Root(prefix), catalog.VMIndexPath(vm))
+		layer := "/" + path.Join(bucket, catalog.Root(prefix), catalog.DiskPath(vm, "cp1", "b1", "vda"))
+		p.altering(func(at string, n int, body []byte) []byte {
+			switch {
+			case n > 0:
+			case at == index:
+				altered := bytes.Replace(body, []byte(`"vmName": "db"`), []byte(`"vmName": "dz"`), 1)
+				Expect(altered).NotTo(Equal(body))
+				return altered
+			case at == layer:
+				body[len(body)/2] ^= 0xff
+			}
+			return body
+		})
+		idx, err := repo.Index(ctx, vm)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(idx.VMName).To(Equal("db"), "the altered index was read again")
+
+		target := filepath.Join(work, "restored.raw")
+		_, err = repo.Restore(ctx, backup.RestoreOptions{Backup: "b1", VM: vm, Disk: "vda", Target: target, WorkDir: work})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fileSHA256(target)).To(Equal(fileSHA256(hv.Live())))
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		Expect(p.gets[index]).To(BeNumerically(">=", 2), "the index read again")
+		Expect(p.gets[layer]).To(Equal(2), "the layer read again, once")
 	})
 
 	It("stores nothing from a source shorter or longer than it announced", func() {

@@ -93,9 +93,9 @@ func backoff(attempts int) wait.Backoff {
 
 // read decodes the document at key into doc and returns its ETag; found is
 // false when there is none. A document replaced while it is read, or whose
-// bytes are not the object the store described (fewer than its size, or
-// not its checksum), is read again; a document is never decoded from a
-// torn read.
+// bytes are not the object the store described (fewer than its size, not
+// the SHA-256 written with it, or not the store's checksum), is read again;
+// a document is never decoded from a torn read.
 func (c *Catalog) read(ctx context.Context, key string, doc versioned) (etag string, found bool, err error) {
 	err = retry.OnError(ctx, backoff(readAttempts), replacedWhileRead, func() error {
 		etag, found, err = c.readOnce(ctx, key, doc)
@@ -177,7 +177,7 @@ func update[T any, P interface {
 			cond = objectstore.Condition{IfNoneMatch: true}
 		}
 		_, err = c.Store.Put(ctx, key, bytes.NewReader(data), int64(len(data)),
-			objectstore.PutOptions{Condition: cond, ContentType: "application/json"})
+			objectstore.PutOptions{Condition: cond, ContentType: "application/json", SHA256: objectstore.SHA256(data)})
 		// A lost race shows as 412, or as 404 when the object we matched
 		// against was deleted meanwhile.
 		if errors.Is(err, objectstore.ErrPreconditionFailed) || errors.Is(err, objectstore.ErrNotFound) {

@@ -218,7 +218,7 @@ func (s *S3) putMultipart(ctx context.Context, key string, r io.Reader, size int
 	}
 	core := minio.Core{Client: s.client}
 	object := s.key(key)
-	uploadID, err := core.NewMultipartUpload(ctx, s.bucket, object, minio.PutObjectOptions{ContentType: opts.ContentType})
+	uploadID, err := core.NewMultipartUpload(ctx, s.bucket, object, minio.PutObjectOptions{ContentType: opts.ContentType, UserMetadata: userMetadata(opts)})
 	if err != nil {
 		return ObjectInfo{}, s.wrap("put", key, err)
 	}

@@ -237,8 +237,21 @@ func (s *S3) Get(ctx context.Context, key string, offset int64) (io.ReadCloser, 
 		}
 	} else {
 		info.Checksum = checksum(st)
+		info.SHA256 = st.UserMetadata[metaSHA256]
 	}
 	return &objectReader{body: body, s: s, key: key}, info, nil
+}
+
+// metaSHA256 is the user metadata (x-amz-meta-…) that keeps
+// PutOptions.SHA256, in the canonical form minio-go reports it in.
+const metaSHA256 = "Kubevirt-Datamover-Sha256"
+
+// userMetadata is what a write keeps as the object's user metadata.
+func userMetadata(opts PutOptions) map[string]string {
+	if opts.SHA256 == "" {
+		return nil
+	}
+	return map[string]string{metaSHA256: opts.SHA256}
 }
 
 // checksum picks the whole-object checksum a GET reported, if any; a
@@ -299,7 +312,7 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64, opts 
 	if size < 0 {
 		return ObjectInfo{}, fmt.Errorf("s3: put %s: a conditional write needs the size", key)
 	}
-	po := minio.PutObjectOptions{ContentType: opts.ContentType, DisableMultipart: true}
+	po := minio.PutObjectOptions{ContentType: opts.ContentType, DisableMultipart: true, UserMetadata: userMetadata(opts)}
 	if po.ContentType == "" {
 		po.ContentType = "application/octet-stream"
 	}

@@ -23,7 +23,9 @@ package objectstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -54,6 +56,9 @@ type ObjectInfo struct {
 	// Checksum is the store's checksum of the whole object, set by Get
 	// from offset 0 when the store reports one.
 	Checksum Checksum
+	// SHA256 is the hex SHA-256 its writer recorded with the object
+	// (PutOptions.SHA256), set by Get from offset 0 when there is one.
+	SHA256 string
 }
 
 // Checksum is a whole-object checksum as S3 reports it: an algorithm
@@ -83,11 +88,17 @@ func ChecksumOf(algorithm string, data []byte) (Checksum, error) {
 }
 
 // Verify checks that data, read whole from offset 0, is the object info
-// describes: its size, and its checksum when the store reported one in an
-// algorithm this package knows. A mismatch wraps ErrTornRead.
+// describes: its size, the SHA-256 its writer recorded with it if any,
+// and the store's checksum when it reported one in an algorithm this
+// package knows. A mismatch wraps ErrTornRead.
 func Verify(info ObjectInfo, data []byte) error {
 	if int64(len(data)) != info.Size {
 		return fmt.Errorf("got %d of %d bytes: %w", len(data), info.Size, ErrTornRead)
+	}
+	if info.SHA256 != "" {
+		if got := SHA256(data); got != info.SHA256 {
+			return fmt.Errorf("sha256 is %s, its writer recorded %s: %w", got, info.SHA256, ErrTornRead)
+		}
 	}
 	if _, known := checksumTypes[info.Checksum.Algorithm]; !known {
 		return nil
@@ -97,6 +108,13 @@ func Verify(info ObjectInfo, data []byte) error {
 		return fmt.Errorf("%s is %s, the store reports %s: %w", got.Algorithm, got.Value, info.Checksum.Value, ErrTornRead)
 	}
 	return nil
+}
+
+// SHA256 is data's hex SHA-256, as PutOptions.SHA256 and
+// ObjectInfo.SHA256 carry it.
+func SHA256(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
 }
 
 // Condition makes a write conditional. The zero value writes
@@ -113,6 +131,11 @@ type PutOptions struct {
 	Condition Condition
 	// ContentType is stored with the object; empty means binary.
 	ContentType string
+	// SHA256, the hex SHA-256 of what is written, is kept with the object
+	// (as user metadata, which every S3 store keeps) for Verify: a reader
+	// checks the bytes it got against it, whether or not the store keeps
+	// a checksum of its own. Empty keeps none.
+	SHA256 string
 }
 
 // Store is what backups need from an object store. Keys are relative to

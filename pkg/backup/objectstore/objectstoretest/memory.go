@@ -39,6 +39,8 @@ type object struct {
 	data     []byte
 	etag     string
 	modified time.Time
+	// sha256 is what its writer recorded (PutOptions.SHA256).
+	sha256 string
 }
 
 // Memory is a Store in memory.
@@ -61,6 +63,9 @@ type Memory struct {
 	// SlowReads, when positive, makes every read of a Get's reader take
 	// that long: a transfer that lasts.
 	SlowReads time.Duration
+	// NoChecksums makes Get report no checksum of the store's own, as
+	// stores that keep none.
+	NoChecksums bool
 }
 
 // NewMemory returns an empty store.
@@ -101,8 +106,12 @@ func (m *Memory) Get(_ context.Context, key string, offset int64) (io.ReadCloser
 	}
 	info := m.info(key, o)
 	if offset == 0 {
-		// As S3 reports a checksum on a whole read.
-		info.Checksum, _ = objectstore.ChecksumOf("SHA256", o.data)
+		// As S3 reports a checksum and the user metadata on a whole
+		// read.
+		if !m.NoChecksums {
+			info.Checksum, _ = objectstore.ChecksumOf("SHA256", o.data)
+		}
+		info.SHA256 = o.sha256
 	}
 	return io.NopCloser(r), info, nil
 }
@@ -153,7 +162,7 @@ func (m *Memory) Put(_ context.Context, key string, r io.Reader, _ int64, opts o
 		}
 	}
 	sum := md5.Sum(data)
-	o := object{data: data, etag: hex.EncodeToString(sum[:]), modified: m.now()}
+	o := object{data: data, etag: hex.EncodeToString(sum[:]), modified: m.now(), sha256: opts.SHA256}
 	m.objects[key] = o
 	return m.info(key, o), nil
 }
