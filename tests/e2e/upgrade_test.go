@@ -173,15 +173,20 @@ var _ = Describe("upgrade from stock KubeVirt and rollback", Ordered, Label(upgr
 		expectStillRunning(ctx, plain, plainPod)
 		Expect(kubectl(ctx, "-n", namespace, "get", "pod", plainPod, "-o", "jsonpath={.spec.containers[?(@.name==\"compute\")].image}")).
 			To(Equal(stockImage("virt-launcher")))
-		// virt-controller marks it, as after any KubeVirt update.
+		// virt-controller marks it, as after any KubeVirt update. Two of
+		// its loops write what is checked: the VMI controller labels the
+		// VMI, the workload updater counts the labelled VMIs into KubeVirt's
+		// status later, on its own rate-limited queue; neither waits for
+		// the other.
 		Eventually(func(g Gomega) {
 			out, err := kubectl(ctx, "-n", namespace, "get", "vmi", plain, "-o", "jsonpath={.metadata.labels}")
 			g.Expect(err).ToNot(HaveOccurred())
 			var labels map[string]string
 			g.Expect(json.Unmarshal([]byte(out), &labels)).To(Succeed())
 			g.Expect(labels).To(HaveKey("kubevirt.io/outdatedLauncherImage"))
-		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(5 * time.Second).Should(Succeed())
-		Expect(kubectl(ctx, "-n", "kubevirt", "get", "kubevirt", "kubevirt", "-o", "jsonpath={.status.outdatedVirtualMachineInstanceWorkloads}")).To(Equal("1"))
+			g.Expect(kubectl(ctx, "-n", "kubevirt", "get", "kubevirt", "kubevirt", "-o",
+				"jsonpath={.status.outdatedVirtualMachineInstanceWorkloads}")).To(Equal("1"))
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(5 * time.Second).Should(Succeed())
 	}, SpecTimeout(20*time.Minute))
 
 	It("boots a new VM on a persistent overlay", func(ctx SpecContext) {
