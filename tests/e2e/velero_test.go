@@ -196,11 +196,24 @@ func (v *veleroSetup) expectAvailable(ctx context.Context, after time.Time) {
 	}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 }
 
-// backupPhase is a Velero backup's phase, as `velero backup get` shows it.
-func (v *veleroSetup) backupPhase(ctx context.Context, name string) string {
-	out, err := kubectl(ctx, "-n", veleroNamespace, "get", "backups.velero.io", name, "-o", "jsonpath={.status.phase}")
+// expectPhase expects a Velero backup or restore (kind) to have ended
+// Completed; otherwise Velero's own account of it, its description and
+// log, goes with the failure.
+func (v *veleroSetup) expectPhase(ctx context.Context, kind, name string) {
+	phase, err := kubectl(ctx, "-n", veleroNamespace, "get", kind+"s.velero.io", name, "-o", "jsonpath={.status.phase}")
 	Expect(err).ToNot(HaveOccurred())
-	return out
+	if phase == "Completed" {
+		return
+	}
+	describe, _ := v.velero(ctx, kind, "describe", name, "--details")
+	logs, _ := v.velero(ctx, kind, "logs", name)
+	var problems []string
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, "level=error") || strings.Contains(line, "level=warning") {
+			problems = append(problems, line)
+		}
+	}
+	Fail(fmt.Sprintf("%s %s is %s:\n%s\nits log's errors and warnings:\n%s", kind, name, phase, describe, strings.Join(problems, "\n")))
 }
 
 // veleroClass is the storage class of the volumes the datamover's claims
@@ -381,7 +394,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, func() {
 			"--data-mover", "kubevirt", "--snapshot-volumes=false", "--wait")
 		Expect(err).ToNot(HaveOccurred())
 		GinkgoWriter.Println(out)
-		Expect(v.backupPhase(ctx, "plain")).To(Equal("Completed"))
+		v.expectPhase(ctx, "backup", "plain")
 		out, err = v.velero(ctx, "backup", "describe", "plain", "--details")
 		Expect(err).ToNot(HaveOccurred())
 		Expect(out).To(ContainSubstring("v1/ConfigMap"))
@@ -401,7 +414,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, func() {
 			"--exclude-resources", excluded, "--data-mover", "kubevirt", "--snapshot-volumes=false", "--wait")
 		Expect(err).ToNot(HaveOccurred())
 		GinkgoWriter.Println(out)
-		Expect(v.backupPhase(ctx, "vm-full")).To(Equal("Completed"))
+		v.expectPhase(ctx, "backup", "vm-full")
 		full := dataUploadOf(ctx, "vm-full")
 		Expect(full.Spec.DataMover).To(Equal("kubevirt"))
 		Expect(full.Status.Phase).To(Equal("Completed"), full.Status.Message)
@@ -423,7 +436,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, func() {
 			"--exclude-resources", excluded, "--data-mover", "kubevirt", "--snapshot-volumes=false", "--wait")
 		Expect(err).ToNot(HaveOccurred())
 		GinkgoWriter.Println(out)
-		Expect(v.backupPhase(ctx, "vm-incremental")).To(Equal("Completed"))
+		v.expectPhase(ctx, "backup", "vm-incremental")
 		incr := dataUploadOf(ctx, "vm-incremental")
 		Expect(incr.Status.Phase).To(Equal("Completed"), incr.Status.Message)
 		Expect(incr.Status.DataMoverResult).To(HaveKeyWithValue("type", "incremental"))
@@ -468,9 +481,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, func() {
 		out, err := v.velero(ctx, "restore", "create", "vm-restore", "--from-backup", "vm-incremental", "--wait")
 		Expect(err).ToNot(HaveOccurred())
 		GinkgoWriter.Println(out)
-		phase, err := kubectl(ctx, "-n", veleroNamespace, "get", "restores.velero.io", "vm-restore", "-o", "jsonpath={.status.phase}")
-		Expect(err).ToNot(HaveOccurred())
-		Expect(phase).To(Equal("Completed"))
+		v.expectPhase(ctx, "restore", "vm-restore")
 		fmt.Fprintf(GinkgoWriter, "restore in %s\n", time.Since(start).Round(time.Second))
 
 		By("the VM running again on its restored claim")
@@ -499,9 +510,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, func() {
 			"--namespace-mappings", vmNamespace+":"+copyNamespace, "--wait")
 		Expect(err).ToNot(HaveOccurred())
 		GinkgoWriter.Println(out)
-		phase, err := kubectl(ctx, "-n", veleroNamespace, "get", "restores.velero.io", "vm-restore-copy", "-o", "jsonpath={.status.phase}")
-		Expect(err).ToNot(HaveOccurred())
-		Expect(phase).To(Equal("Completed"))
+		v.expectPhase(ctx, "restore", "vm-restore-copy")
 		Eventually(vmiStatus).WithContext(ctx).WithArguments(copyNamespace, vm).WithTimeout(startTimeout).
 			WithPolling(2 * time.Second).Should(Equal("Running True"))
 		pv, err := kubectl(ctx, "-n", copyNamespace, "get", "pvc", vm+"-disk", "-o", "jsonpath={.spec.volumeName}")
