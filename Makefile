@@ -26,6 +26,7 @@ deps:
 	hack/s3-server.sh >/dev/null
 	hack/golangci-lint.sh >/dev/null
 	hack/csi-sidecars.sh >/dev/null
+	hack/velero.sh >/dev/null
 
 build: $(BIN)/container-disk go-build kubevirt
 
@@ -44,7 +45,9 @@ go-build:
 # machine), and deploy/csi-loop's CSI driver with the external-provisioner
 # and external-resizer sidecars built from the Go module proxy
 # (hack/csi-images.sh; docker archives beside them for hack/cluster.sh
-# import). The patched KubeVirt
+# import), and Velero with its AWS object store plugin, built from the Go
+# module proxy (hack/velero.sh, hack/velero-images.sh; tagged with their
+# releases) for the e2e suite's Velero. The patched KubeVirt
 # components are the upstream images with our binaries on top, at
 # upstream's paths and modes; their bases come from KUBEVIRT_BASE:
 # "registry" (quay.io/kubevirt/<component>:v1.7.0), or a directory holding
@@ -62,6 +65,7 @@ images: go-build $(BIN)/container-disk
 		--file $(BIN)/overlay-hook:/usr/bin/overlay-hook:0755 --entrypoint /usr/bin/overlay-hook
 	hack/datamover-images.sh $(OUT) $(IMAGE_REGISTRY) $(IMAGE_TAG)
 	hack/csi-images.sh $(OUT) $(IMAGE_REGISTRY) $(IMAGE_TAG)
+	hack/velero-images.sh $(OUT) $(IMAGE_REGISTRY)
 	@if [[ -z "$(KUBEVIRT_BASE)" ]]; then \
 		IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/kubevirt-images.sh; exit 0; \
 	fi; \

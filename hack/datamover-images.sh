@@ -18,7 +18,8 @@
 #
 
 # Builds the datamover's three images from scratch as OCI image layouts,
-# without a container engine:
+# without a container engine, each with a docker archive beside it
+# (OUT/images/<name>.tar, for `hack/cluster.sh import`):
 #
 #   OUT/images/datamover-controller/   the controller, user 65532
 #   OUT/images/datamover/              the pods: datamover-upload and
@@ -61,18 +62,18 @@ build_binaries() {
 build_images() {
 	local out=$1 registry=$2 tag=$3 qemu_img
 	qemu_img=$(command -v qemu-img) || die "qemu-img missing: run hack/install-deps.sh"
-	"${out}/bin/oci-image" --out "${out}/images/datamover-controller" \
+	"${out}/bin/oci-image" --out "${out}/images/datamover-controller" --archive "${out}/images/datamover-controller.tar" \
 		--ref "${registry}/datamover-controller:${tag}" \
 		--file "${out}/static/datamover-controller:/usr/bin/datamover-controller:0755" \
 		--file "${CA_BUNDLE}:${IMAGE_CA_BUNDLE}:0644" \
 		--entrypoint /usr/bin/datamover-controller --user 65532
-	"${out}/bin/oci-image" --out "${out}/images/datamover" \
+	"${out}/bin/oci-image" --out "${out}/images/datamover" --archive "${out}/images/datamover.tar" \
 		--ref "${registry}/datamover:${tag}" \
 		--file "${out}/static/datamover-upload:/usr/bin/datamover-upload:0755" \
 		--elf "${qemu_img}:/usr/bin/qemu-img:0755" \
 		--file "${CA_BUNDLE}:${IMAGE_CA_BUNDLE}:0644" \
 		--entrypoint /usr/bin/datamover-upload --user 107:107
-	"${out}/bin/oci-image" --out "${out}/images/velero-plugin" \
+	"${out}/bin/oci-image" --out "${out}/images/velero-plugin" --archive "${out}/images/velero-plugin.tar" \
 		--ref "${registry}/velero-plugin:${tag}" \
 		--file "${out}/static/velero-plugin:${PLUGIN}:0755" \
 		--entrypoint "${PLUGIN} install /target" --user 65532

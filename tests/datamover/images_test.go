@@ -89,6 +89,8 @@ var _ = Describe("the datamover's images", func() {
 			Expect(cfg.Config.Entrypoint).To(Equal(want.entrypoint), name)
 			files := imageFiles(img)
 			Expect(files).To(HaveKey(want.entrypoint[0]), name)
+			// The docker archive that hack/cluster.sh import takes.
+			Expect(filepath.Join(out, "images", name+".tar")).To(BeARegularFile(), name)
 			if !want.caBundle {
 				continue
 			}

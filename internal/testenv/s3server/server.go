@@ -38,6 +38,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -79,16 +80,23 @@ func Binary(ctx context.Context, repoRoot string) (string, error) {
 // Start runs binary storing under dir and waits until it accepts
 // connections.
 func Start(ctx context.Context, binary, dir string) (*Server, error) {
-	return start(ctx, binary, dir, false)
+	return start(ctx, binary, dir, "127.0.0.1", false)
+}
+
+// StartOn is Start listening on ip, one of this machine's addresses,
+// instead of loopback: for clients elsewhere, such as the one-node
+// cluster's pods, which reach the host at the host end of the node's veth.
+func StartOn(ctx context.Context, binary, dir, ip string) (*Server, error) {
+	return start(ctx, binary, dir, ip, false)
 }
 
 // StartTLS is Start serving HTTPS with a certificate for 127.0.0.1 signed
 // by a certificate authority made for this server (Server.CACert).
 func StartTLS(ctx context.Context, binary, dir string) (*Server, error) {
-	return start(ctx, binary, dir, true)
+	return start(ctx, binary, dir, "127.0.0.1", true)
 }
 
-func start(ctx context.Context, binary, dir string, useTLS bool) (*Server, error) {
+func start(ctx context.Context, binary, dir, ip string, useTLS bool) (*Server, error) {
 	port, err := testenv.FreePort()
 	if err != nil {
 		return nil, err
@@ -98,7 +106,7 @@ func start(ctx context.Context, binary, dir string, useTLS bool) (*Server, error
 		scheme = "https"
 	}
 	s := &Server{
-		URL:       fmt.Sprintf("%s://127.0.0.1:%d", scheme, port),
+		URL:       fmt.Sprintf("%s://%s", scheme, net.JoinHostPort(ip, strconv.Itoa(port))),
 		AccessKey: "backuptest",
 		SecretKey: "backuptest-secret",
 		Root:      filepath.Join(dir, "buckets"),
@@ -113,7 +121,7 @@ func start(ctx context.Context, binary, dir string, useTLS bool) (*Server, error
 		return nil, fmt.Errorf("s3 server: %w", err)
 	}
 	defer logFile.Close()
-	args := []string{"--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet"}
+	args := []string{"--port", net.JoinHostPort(ip, strconv.Itoa(port)), "--quiet"}
 	if useTLS {
 		cert, key, err := s.makeCertificates(dir)
 		if err != nil {
@@ -128,20 +136,20 @@ func start(ctx context.Context, binary, dir string, useTLS bool) (*Server, error
 		return nil, fmt.Errorf("s3 server: start %s: %w", binary, err)
 	}
 	go func() { _ = s.cmd.Wait(); close(s.done) }()
-	if err := s.waitReady(ctx, port); err != nil {
+	if err := s.waitReady(ctx, net.JoinHostPort(ip, strconv.Itoa(port))); err != nil {
 		_ = s.Stop()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *Server) waitReady(ctx context.Context, port int) error {
+func (s *Server) waitReady(ctx context.Context, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			conn.Close()
 			return nil
@@ -151,7 +159,7 @@ func (s *Server) waitReady(ctx context.Context, port int) error {
 			log, _ := os.ReadFile(s.Log)
 			return fmt.Errorf("s3 server exited: %s", strings.TrimSpace(string(log)))
 		case <-ctx.Done():
-			return fmt.Errorf("s3 server on port %d not ready: %w", port, ctx.Err())
+			return fmt.Errorf("s3 server on %s not ready: %w", addr, ctx.Err())
 		case <-tick.C:
 		}
 	}
