@@ -86,6 +86,9 @@ const (
 // upgradeLabel marks the specs that start from stock KubeVirt.
 const upgradeLabel = "upgrade"
 
+// veleroLabel marks the specs of a real Velero, run by make e2e-velero.
+const veleroLabel = "velero"
+
 var (
 	// installed is what the cluster runs; empty before the suite started one.
 	installed kubevirtInstall
