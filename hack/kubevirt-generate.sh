@@ -47,14 +47,15 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-# Versions from hack/builder/Dockerfile of KubeVirt v1.7.0.
+# Versions from hack/builder/Dockerfile of KubeVirt v1.7.0; v1.8.0's pins
+# the same.
 readonly CODE_GENERATOR_VERSION=v0.32.5
 readonly CONTROLLER_TOOLS_VERSION=v0.16.3
 # controller-tools v0.16.3 requires golang.org/x/tools v0.24.0, which does not
 # compile with current Go; v0.30.0 is the oldest that does and behaves alike.
 readonly CONTROLLER_TOOLS_X_TOOLS_VERSION=v0.30.0
 readonly SWAGGER_DOC_VERSION=v0.0.0-20181110145135-878f7deb1d17
-# bazel_gazelle in KubeVirt v1.7.0's WORKSPACE.
+# bazel_gazelle in KubeVirt v1.7.0's WORKSPACE, and in v1.8.0's.
 readonly GAZELLE_VERSION=v0.39.1
 readonly OPENAPI_RULES_UNKNOWN_TO_PINNED_GENERATOR='^API rule violation: streaming_list_type_json_tags,'
 
@@ -64,7 +65,7 @@ readonly GENERATORS_DIR="${QCOW2_CACHE}/generators"
 readonly TOOLS_DIR="${GENERATORS_DIR}/bin"
 # KubeVirt's own tools, compiled from the tree on every run: they link the
 # (patched) API types.
-readonly TREE_BIN="${GENERATORS_DIR}/tree-bin"
+readonly TREE_BIN="${GENERATORS_DIR}/tree-bin/${KUBEVIRT_VERSION}"
 
 readonly API_DIR=staging/src/kubevirt.io/api
 readonly CLIENT_GO_DIR=staging/src/kubevirt.io/client-go
@@ -72,7 +73,7 @@ readonly BOILERPLATE=hack/boilerplate/boilerplate.go.txt
 readonly VALIDATIONS_GO=pkg/virt-operator/resource/generate/components/validations_generated.go
 
 # API group versions, in hack/generate.sh's order.
-readonly SWAGGER_DOC_FILES=(
+SWAGGER_DOC_FILES=(
 	core/v1/types.go
 	core/v1/schema.go
 	snapshot/v1alpha1/types.go
@@ -86,7 +87,7 @@ readonly SWAGGER_DOC_FILES=(
 	clone/v1alpha1/types.go
 	clone/v1beta1/types.go
 )
-readonly DEEPCOPY_PACKAGES=(
+DEEPCOPY_PACKAGES=(
 	kubevirt.io/api/snapshot/v1alpha1
 	kubevirt.io/api/snapshot/v1beta1
 	kubevirt.io/api/export/v1alpha1
@@ -99,7 +100,7 @@ readonly DEEPCOPY_PACKAGES=(
 	kubevirt.io/api/clone/v1beta1
 	kubevirt.io/api/core/v1
 )
-readonly OPENAPI_PACKAGES=(
+OPENAPI_PACKAGES=(
 	k8s.io/api/core/v1
 	k8s.io/apimachinery/pkg/api/resource
 	k8s.io/apimachinery/pkg/apis/meta/v1
@@ -119,7 +120,7 @@ readonly OPENAPI_PACKAGES=(
 	kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1
 )
 # controller-gen invocations: "<extra crd options>:<package dir>".
-readonly CRD_PACKAGES=(
+CRD_PACKAGES=(
 	":allowDangerousTypes=true:core/v1"
 	"::snapshot/v1alpha1"
 	"::snapshot/v1beta1"
@@ -132,8 +133,25 @@ readonly CRD_PACKAGES=(
 	"::clone/v1alpha1"
 	"::clone/v1beta1"
 )
+# resource-generator's kv-cr arguments beyond v1.7.0's.
+KV_CR_ARGS=()
+# What v1.8.0's hack/generate.sh adds: the backup API group (after clone,
+# and before the CDI package for openapi-gen) and the hypervisor of the
+# KubeVirt CR template.
+if [[ ${KUBEVIRT_VERSION} == v1.8.0 ]]; then
+	SWAGGER_DOC_FILES+=(backup/v1alpha1/types.go)
+	DEEPCOPY_PACKAGES=("${DEEPCOPY_PACKAGES[@]:0:${#DEEPCOPY_PACKAGES[@]}-1}" kubevirt.io/api/backup/v1alpha1 kubevirt.io/api/core/v1)
+	OPENAPI_PACKAGES=("${OPENAPI_PACKAGES[@]:0:${#OPENAPI_PACKAGES[@]}-1}" kubevirt.io/api/backup/v1alpha1
+		kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1)
+	CRD_PACKAGES+=("::backup/v1alpha1")
+	KV_CR_ARGS+=(--hypervisor='{{.Hypervisor}}')
+fi
+readonly SWAGGER_DOC_FILES DEEPCOPY_PACKAGES OPENAPI_PACKAGES CRD_PACKAGES KV_CR_ARGS
 
-in_tree() { (cd "${KUBEVIRT_TREE}" && "$@"); }
+# Commands in the tree run with the workspace its version needs
+# (kubevirt_gowork in common.sh).
+TREE_GOWORK=$(kubevirt_gowork "${KUBEVIRT_TREE}")
+in_tree() { (cd "${KUBEVIRT_TREE}" && GOWORK=${TREE_GOWORK} "$@"); }
 
 tool() { echo "${TOOLS_DIR}/$1/$2/$1"; }
 
@@ -271,7 +289,7 @@ generate_crd_validations() {
 		dir=${options#*:}
 		options=${options%%:*}
 		(cd "${KUBEVIRT_TREE}/${CLIENT_GO_DIR}" &&
-			GOFLAGS="" "$(tool controller-gen "${CONTROLLER_TOOLS_VERSION}")" \
+			GOWORK=${TREE_GOWORK} GOFLAGS="" "$(tool controller-gen "${CONTROLLER_TOOLS_VERSION}")" \
 				"crd${options:+:${options}}" "paths=../api/${dir}/")
 	done
 	for file in "${crd_dir}"/crd/*; do
@@ -298,7 +316,7 @@ generate_manifests() {
 	in_tree "${gen}" --type=networkpolicies --namespace='{{.Namespace}}' \
 		>"${KUBEVIRT_TREE}/${dir}/kubevirt-network-policies.yaml.in"
 	in_tree "${gen}" --type=kv-cr --namespace='{{.Namespace}}' --pullPolicy='{{.ImagePullPolicy}}' \
-		--featureGates='{{.FeatureGates}}' --infraReplicas='{{.InfraReplicas}}' \
+		--featureGates='{{.FeatureGates}}' --infraReplicas='{{.InfraReplicas}}' "${KV_CR_ARGS[@]}" \
 		>"${KUBEVIRT_TREE}/${dir}/kubevirt-cr.yaml.in"
 	in_tree "${gen}" --type=operator-rbac --namespace='{{.Namespace}}' \
 		>"${KUBEVIRT_TREE}/${dir}/rbac-operator.authorization.k8s.yaml.in"
@@ -358,7 +376,7 @@ generate_mocks() {
 		grep -q '^//go:generate mockgen' "${KUBEVIRT_TREE}/${file}" || continue
 		log "mockgen ${file}"
 		(cd "${KUBEVIRT_TREE}/$(dirname "${file}")" &&
-			PATH="$(dirname "$(tool mockgen "${version}")"):${PATH}" go generate -run mockgen "$(basename "${file}")" &&
+			GOWORK=${TREE_GOWORK} PATH="$(dirname "$(tool mockgen "${version}")"):${PATH}" go generate -run mockgen "$(basename "${file}")" &&
 			"$(tool goimports "${CONTROLLER_TOOLS_X_TOOLS_VERSION}")" -local kubevirt.io/kubevirt -w "generated_mock_$(basename "${file}")")
 	done < <(git -C "${KUBEVIRT_TREE}" diff --name-only pristine -- '*.go')
 }

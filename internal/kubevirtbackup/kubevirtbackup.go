@@ -17,15 +17,17 @@ Copyright The kubevirt-qcow2 Authors.
 */
 
 // Package kubevirtbackup mirrors the part of KubeVirt's backup API
-// (backup.kubevirt.io/v1alpha1) that the datamover uses. The API first
-// ships in kubevirt.io/api v1.9.0, while this module pins v1.7.0: the
-// fields used are mirrored in minimal local types and exchanged with the
-// API server as unstructured objects. Drop the package for KubeVirt's own
-// types once the module moves to v1.9.0.
+// (backup.kubevirt.io/v1alpha1) that the datamover uses. The API ships in
+// kubevirt.io/api v1.8.0 and, with other conditions, v1.9.0, while this
+// module pins v1.7.0: the fields used are mirrored in minimal local types
+// and exchanged with the API server as unstructured objects, and the end
+// of a backup is read as either version reports it. Drop the package for
+// KubeVirt's own types once the module moves to a KubeVirt that has them.
 package kubevirtbackup
 
 import (
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,8 +47,18 @@ const (
 	BackupTypeFull        = "Full"
 	BackupTypeIncremental = "Incremental"
 	BackupModePush        = "Push"
-	ConditionComplete     = "Complete"
-	ConditionFailed       = "Failed"
+
+	// KubeVirt v1.9 and later end a backup with Complete or Failed True,
+	// the failure's cause in its message.
+	ConditionComplete = "Complete"
+	ConditionFailed   = "Failed"
+
+	// KubeVirt v1.8 ends a backup, successful or not, with Done True; only
+	// the reason, free text, tells a failure: "Backup has failed: <cause>".
+	// A success reads "Successfully completed VirtualMachineBackup" or
+	// "Completed VirtualMachineBackup, warning: <warning>".
+	ConditionDone          = "Done"
+	DoneReasonFailedPrefix = "Backup has failed: "
 )
 
 // VMBackup mirrors VirtualMachineBackup.
@@ -106,25 +118,54 @@ type BackupCheckpoint struct {
 	Volumes      []BackupVolumeInfo `json:"volumes,omitempty"`
 }
 
-// condition returns the status of a condition of the backup, and its
-// message.
-func (b *VMBackup) condition(t string) (bool, string) {
+// condition returns the condition t of the backup when it is True.
+func (b *VMBackup) condition(t string) *metav1.Condition {
 	if b.Status == nil {
-		return false, ""
+		return nil
 	}
-	for _, c := range b.Status.Conditions {
+	for i, c := range b.Status.Conditions {
 		if c.Type == t {
-			return c.Status == metav1.ConditionTrue, c.Message
+			if c.Status != metav1.ConditionTrue {
+				return nil
+			}
+			return &b.Status.Conditions[i]
 		}
 	}
-	return false, ""
+	return nil
 }
 
-// Succeeded reports a completed backup.
-func (b *VMBackup) Succeeded() bool { ok, _ := b.condition(ConditionComplete); return ok }
+// doneFailed tells, for KubeVirt v1.8's Done condition, whether the backup
+// ended and whether it failed, with the cause.
+func (b *VMBackup) doneFailed() (done, failed bool, cause string) {
+	c := b.condition(ConditionDone)
+	if c == nil {
+		return false, false, ""
+	}
+	if cause, ok := strings.CutPrefix(c.Reason, DoneReasonFailedPrefix); ok {
+		return true, true, cause
+	}
+	return true, false, ""
+}
 
-// Failed reports a failed backup and why.
-func (b *VMBackup) Failed() (bool, string) { return b.condition(ConditionFailed) }
+// Succeeded reports a completed backup: Complete (KubeVirt v1.9), or Done
+// without a failure (v1.8).
+func (b *VMBackup) Succeeded() bool {
+	if b.condition(ConditionComplete) != nil {
+		return true
+	}
+	done, failed, _ := b.doneFailed()
+	return done && !failed
+}
+
+// Failed reports a failed backup and why: Failed (KubeVirt v1.9), or Done
+// with a failure's reason (v1.8).
+func (b *VMBackup) Failed() (bool, string) {
+	if c := b.condition(ConditionFailed); c != nil {
+		return true, c.Message
+	}
+	_, failed, cause := b.doneFailed()
+	return failed, cause
+}
 
 // LatestCheckpoint is the tracker's checkpoint an incremental can start
 // from, or empty. A checkpoint KubeVirt still has to redefine after a VM

@@ -206,6 +206,13 @@ func vmBackupIs(condition, message, checkpoint string) *kubevirtbackup.VMBackupS
 		Conditions: []metav1.Condition{{Type: condition, Status: metav1.ConditionTrue, Message: message}}}
 }
 
+// vmBackupDone is the status KubeVirt v1.8 ends a backup with: Done, the
+// outcome in the reason.
+func vmBackupDone(reason, checkpoint string) *kubevirtbackup.VMBackupStatus {
+	return &kubevirtbackup.VMBackupStatus{Type: kubevirtbackup.BackupTypeFull, CheckpointName: checkpoint,
+		Conditions: []metav1.Condition{{Type: kubevirtbackup.ConditionDone, Status: metav1.ConditionTrue, Reason: reason}}}
+}
+
 // uploadTemporaries are what a DataUpload creates and its end deletes.
 func uploadTemporaries() []client.Object {
 	return []client.Object{moverPod(uploadChild, corev1.PodRunning, ""), vmBackup(nil),
@@ -412,6 +419,14 @@ var _ = Describe("the DataUpload state machine", func() {
 		Entry("Accepted: KubeVirt failed", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  append(uploadTemporaries()[:1], vmBackup(vmBackupIs(kubevirtbackup.ConditionFailed, "domain not running", ""))),
 			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db failed: domain not running$",
+			event: "Warning Failed", ends: "Failed", cleaned: true}),
+		Entry("Accepted: KubeVirt v1.8 wrote the checkpoint", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs:  []client.Object{vmBackup(vmBackupDone("Successfully completed VirtualMachineBackup", "cp-1"))},
+			phase: "Prepared", message: "^KubeVirt wrote full checkpoint cp-1$", event: "Normal Prepared",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("Accepted: KubeVirt v1.8 failed", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs:  append(uploadTemporaries()[:1], vmBackup(vmBackupDone("Backup has failed: VMI is not in a running state", ""))),
+			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db failed: VMI is not in a running state$",
 			event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Accepted: KubeVirt named no checkpoint", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", ""))},
