@@ -283,7 +283,7 @@ func (p *hashPipe) Sum() []byte {
 // copyFrom copies key from offset on into dst, and into the digest through
 // pipe, and returns how many bytes it moved.
 func (r *Repository) copyFrom(ctx context.Context, key string, dst io.Writer, pipe *hashPipe, offset, size int64, m *meter) (int64, error) {
-	rc, info, err := r.Store.Get(ctx, key, offset)
+	rc, info, err := r.Store.Get(ctx, key, offset, 0)
 	if errors.Is(err, objectstore.ErrNotFound) {
 		return 0, &ObjectError{Object: key, Reason: "missing from the bucket"}
 	}
