@@ -24,7 +24,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -132,21 +131,51 @@ func FuzzCheck(f *testing.F) {
 	})
 }
 
-// zeroPadded reads as its bytes followed by zeroes.
-type zeroPadded []byte
+// maxFuzzExtents is the cap FuzzReadMap gives ReadMap.
+const maxFuzzExtents = 1 << 16
 
-var _ io.ReaderAt = zeroPadded(nil)
-
-func (z zeroPadded) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 {
-		return 0, errors.New("negative offset")
+func FuzzReadMap(f *testing.F) {
+	for _, img := range createdImages(f) {
+		data := bytes.TrimRight(img, "\x00")
+		f.Add(data, uint64(len(img)-len(data)))
 	}
-	n := 0
-	if off < int64(len(z)) {
-		n = copy(p, z[off:])
-	}
-	clear(p[n:])
-	return len(p), nil
+	f.Fuzz(func(t *testing.T, data []byte, zeroes uint64) {
+		size := int64(min(uint64(len(data))+zeroes, maxFuzzFileSize))
+		ctx, cancel := context.WithTimeout(context.Background(), maxFuzzDuration)
+		defer cancel()
+		allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+		metrics.Read(allocs)
+		before := allocs[0].Value.Uint64()
+		watchdog := time.AfterFunc(2*maxFuzzDuration, func() {
+			panic(fmt.Sprintf("mapping %d bytes followed by zeroes up to %d hangs", len(data), size))
+		})
+		defer watchdog.Stop()
+		m, err := ReadMap(ctx, zeroPadded(data), size, maxFuzzExtents)
+		metrics.Read(allocs)
+		if allocated := allocs[0].Value.Uint64() - before; allocated > maxFuzzAlloc {
+			t.Fatalf("mapping %d bytes followed by zeroes up to %d allocated %d bytes", len(data), size, allocated)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("mapping %d bytes followed by zeroes up to %d took more than %s", len(data), size, maxFuzzDuration)
+		}
+		if err != nil {
+			return
+		}
+		if len(m.Extents) > maxFuzzExtents {
+			t.Fatalf("%d extents", len(m.Extents))
+		}
+		cs := int64(m.Header.ClusterSize())
+		var end int64
+		for i, e := range m.Extents {
+			switch {
+			case e.Length <= 0 || e.Guest < end || e.Guest+e.Length > int64(m.Header.Size):
+				t.Fatalf("extent %d %+v after guest offset %d, virtual size %d", i, e, end, m.Header.Size)
+			case !e.Zero() && (e.Host%cs != 0 || e.Host < cs || e.Host+e.Length > size):
+				t.Fatalf("extent %d %+v in a file of %d bytes, clusters of %d", i, e, size, cs)
+			}
+			end = e.Guest + e.Length
+		}
+	})
 }
 
 // createdImages are images CreateOverlay writes, with small clusters so
@@ -258,6 +287,7 @@ func TestFuzzSeeds(t *testing.T) {
 		if !seed.headerOnly {
 			data := bytes.TrimRight(img, "\x00")
 			writeSeed(t, "FuzzCheck", seed.name, data, uint64(len(img)-len(data))+seed.zeroes)
+			writeSeed(t, "FuzzReadMap", seed.name, data, uint64(len(img)-len(data))+seed.zeroes)
 		}
 	}
 }
