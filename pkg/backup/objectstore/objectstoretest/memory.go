@@ -60,6 +60,9 @@ type Memory struct {
 	// place of the object's, while the ObjectInfo still describes the
 	// object: a store that tears a read.
 	Tear func(key string, data []byte) []byte
+	// TearRanges does what Tear does for a Get of a range, the bytes of
+	// the object from offset.
+	TearRanges func(key string, offset int64, data []byte) []byte
 	// SlowReads, when positive, makes every read of a Get's reader take
 	// that long: a transfer that lasts.
 	SlowReads time.Duration
@@ -96,6 +99,9 @@ func (m *Memory) Get(_ context.Context, key string, offset, length int64) (io.Re
 	data = data[min(offset, int64(len(data))):]
 	if length > 0 && length < int64(len(data)) {
 		data = data[:length]
+	}
+	if m.TearRanges != nil && !whole {
+		data = m.TearRanges(key, offset, append([]byte(nil), data...))
 	}
 	var r io.Reader = bytes.NewReader(data)
 	if m.BreakReadsAfter > 0 && (m.MaxBrokenReads == 0 || m.BrokenReads < m.MaxBrokenReads) &&
