@@ -42,7 +42,7 @@ import (
 // clusters of a layer the guest reads, and one per metadata read: a few
 // per GiB for a full backup QEMU wrote, one per changed run for an
 // incremental.
-const DefaultMaxRestoreExtents = 1 << 18
+const DefaultMaxRestoreExtents = 1 << 17
 
 func (r *Repository) maxRestoreExtents() int {
 	if r.MaxRestoreExtents > 0 {
