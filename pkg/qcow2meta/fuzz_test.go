@@ -89,33 +89,13 @@ func FuzzReadHeader(f *testing.F) {
 }
 
 func FuzzCheck(f *testing.F) {
-	for _, img := range createdImages(f) {
-		data := bytes.TrimRight(img, "\x00")
-		f.Add(data, uint64(len(img)-len(data)))
-	}
+	addImages(f)
 	f.Fuzz(func(t *testing.T, data []byte, zeroes uint64) {
-		size := int64(min(uint64(len(data))+zeroes, maxFuzzFileSize))
-		ctx, cancel := context.WithTimeout(context.Background(), maxFuzzDuration)
-		defer cancel()
-		// runtime/metrics, not runtime.ReadMemStats: stopping the world
-		// at every exec cut the fuzzer to a few execs a second.
-		allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-		metrics.Read(allocs)
-		before := allocs[0].Value.Uint64()
-		// The fuzzing engine does not time an input out: a loop that
-		// does not look at ctx would hang it.
-		watchdog := time.AfterFunc(2*maxFuzzDuration, func() {
-			panic(fmt.Sprintf("checking %d bytes followed by zeroes up to %d hangs", len(data), size))
+		var res *CheckResult
+		size, err := bounded(t, "checking", data, zeroes, func(ctx context.Context, size int64) (err error) {
+			res, err = check(ctx, zeroPadded(data), size)
+			return err
 		})
-		defer watchdog.Stop()
-		res, err := check(ctx, zeroPadded(data), size)
-		metrics.Read(allocs)
-		if allocated := allocs[0].Value.Uint64() - before; allocated > maxFuzzAlloc {
-			t.Fatalf("checking %d bytes followed by zeroes up to %d allocated %d bytes", len(data), size, allocated)
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("checking %d bytes followed by zeroes up to %d took more than %s", len(data), size, maxFuzzDuration)
-		}
 		if err != nil {
 			return
 		}
@@ -135,29 +115,13 @@ func FuzzCheck(f *testing.F) {
 const maxFuzzExtents = 1 << 16
 
 func FuzzReadMap(f *testing.F) {
-	for _, img := range createdImages(f) {
-		data := bytes.TrimRight(img, "\x00")
-		f.Add(data, uint64(len(img)-len(data)))
-	}
+	addImages(f)
 	f.Fuzz(func(t *testing.T, data []byte, zeroes uint64) {
-		size := int64(min(uint64(len(data))+zeroes, maxFuzzFileSize))
-		ctx, cancel := context.WithTimeout(context.Background(), maxFuzzDuration)
-		defer cancel()
-		allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-		metrics.Read(allocs)
-		before := allocs[0].Value.Uint64()
-		watchdog := time.AfterFunc(2*maxFuzzDuration, func() {
-			panic(fmt.Sprintf("mapping %d bytes followed by zeroes up to %d hangs", len(data), size))
+		var m *Map
+		size, err := bounded(t, "mapping", data, zeroes, func(ctx context.Context, size int64) (err error) {
+			m, err = ReadMap(ctx, zeroPadded(data), size, maxFuzzExtents)
+			return err
 		})
-		defer watchdog.Stop()
-		m, err := ReadMap(ctx, zeroPadded(data), size, maxFuzzExtents)
-		metrics.Read(allocs)
-		if allocated := allocs[0].Value.Uint64() - before; allocated > maxFuzzAlloc {
-			t.Fatalf("mapping %d bytes followed by zeroes up to %d allocated %d bytes", len(data), size, allocated)
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("mapping %d bytes followed by zeroes up to %d took more than %s", len(data), size, maxFuzzDuration)
-		}
 		if err != nil {
 			return
 		}
@@ -176,6 +140,44 @@ func FuzzReadMap(f *testing.F) {
 			end = e.Guest + e.Length
 		}
 	})
+}
+
+// addImages adds the images CreateOverlay writes as seeds of a fuzz
+// target that takes an image's bytes and the zeroes that follow them.
+func addImages(f *testing.F) {
+	for _, img := range createdImages(f) {
+		data := bytes.TrimRight(img, "\x00")
+		f.Add(data, uint64(len(img)-len(data)))
+	}
+}
+
+// bounded runs fn on a file of data followed by zeroes, of the size it
+// returns, and fails t when fn allocates more than maxFuzzAlloc or takes
+// more than maxFuzzDuration. It returns fn's error.
+func bounded(t *testing.T, what string, data []byte, zeroes uint64, fn func(ctx context.Context, size int64) error) (int64, error) {
+	size := int64(min(uint64(len(data))+zeroes, maxFuzzFileSize))
+	ctx, cancel := context.WithTimeout(context.Background(), maxFuzzDuration)
+	defer cancel()
+	// runtime/metrics, not runtime.ReadMemStats: stopping the world at
+	// every exec cut the fuzzer to a few execs a second.
+	allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(allocs)
+	before := allocs[0].Value.Uint64()
+	// The fuzzing engine does not time an input out: a loop that does
+	// not look at ctx would hang it.
+	watchdog := time.AfterFunc(2*maxFuzzDuration, func() {
+		panic(fmt.Sprintf("%s %d bytes followed by zeroes up to %d hangs", what, len(data), size))
+	})
+	defer watchdog.Stop()
+	err := fn(ctx, size)
+	metrics.Read(allocs)
+	if allocated := allocs[0].Value.Uint64() - before; allocated > maxFuzzAlloc {
+		t.Fatalf("%s %d bytes followed by zeroes up to %d allocated %d bytes", what, len(data), size, allocated)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%s %d bytes followed by zeroes up to %d took more than %s", what, len(data), size, maxFuzzDuration)
+	}
+	return size, err
 }
 
 // createdImages are images CreateOverlay writes, with small clusters so
