@@ -30,6 +30,8 @@ import (
 	"os"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/blockdev"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/retry"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
@@ -288,7 +290,16 @@ type layerWriter struct {
 	run, read int
 	open      []*metaCheck
 	stale     *badRead
+	// unflushed counts the bytes written since the target's write-back
+	// was last started.
+	unflushed int64
 }
+
+// flushEvery is how many bytes a restore writes before it starts the
+// target's write-back: the final sync then finds little left to write,
+// and the dirty pages of a large disk do not pile up in memory (the page
+// cache counts against the pod's memory limit).
+const flushEvery = 32 << 20
 
 // metaCheck hashes the bytes of a metadata range as they pass.
 type metaCheck struct {
@@ -316,9 +327,16 @@ func (w *layerWriter) write(p []byte, start, end int64) error {
 		if _, err := w.target.WriteAt(p[from-start:to-start], e.Guest+from-e.Host); err != nil {
 			return err
 		}
+		w.unflushed += to - from
 		if e.Host+e.Length > end {
 			break
 		}
+	}
+	if w.unflushed >= flushEvery {
+		// Only a hint, like the kernel's own write-back: a write that
+		// fails fails the sync at the end.
+		_ = unix.SyncFileRange(int(w.target.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+		w.unflushed = 0
 	}
 	return nil
 }
