@@ -260,6 +260,10 @@ func child(t *testing.T, srv *s3server.Server, creds, bucket, mode, checkpoint, 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), envChild+"="+mode, envURL+"="+srv.URL, envCreds+"="+creds,
 		envBucket+"="+bucket, envCheckpoint+"="+checkpoint, envKey+"="+key, envFile+"="+file, envWork+"="+work)
+	// What the transfer before left dirty in the page cache is written
+	// now, not while this one runs: a plain download leaves its file to
+	// the kernel's write-back, a restore syncs its target.
+	syscall.Sync()
 	server := processCPU(t, srv.Pid())
 	out, err := cmd.CombinedOutput()
 	if err != nil {
