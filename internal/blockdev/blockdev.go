@@ -16,8 +16,9 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-// Package blockdev tells block devices from other files and drives loop
-// devices: attach, grow online, find by backing file, detach.
+// Package blockdev tells block devices from other files, zeroes ranges of
+// them and drives loop devices: attach, grow online, find by backing file,
+// detach.
 package blockdev
 
 import "os"

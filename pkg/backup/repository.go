@@ -58,6 +58,10 @@ type Repository struct {
 	// ProgressInterval is how often a transfer reports its progress;
 	// zero means DefaultProgressInterval.
 	ProgressInterval time.Duration
+	// MaxRestoreExtents caps the ranges a restore maps the chain of a
+	// disk with; a chain that needs more is restored through staged
+	// copies of its layers. Zero means DefaultMaxRestoreExtents.
+	MaxRestoreExtents int
 	// Legacy, when set, is a store where earlier releases kept backups
 	// (catalog.LegacyRoot). ResolveChain and Restore read a backup there
 	// when Store does not hold it; nothing is written there.
@@ -353,13 +357,19 @@ func checkLayer(info *qcow2.Info, t catalog.CheckpointType) error {
 	if info.FormatSpecific.Data.DataFile != "" {
 		return fmt.Errorf("uses external data file %s", info.FormatSpecific.Data.DataFile)
 	}
+	return checkBacking(info.BackingFilename, t)
+}
+
+// checkBacking refuses a full layer with a backing file and an incremental
+// one without.
+func checkBacking(backing string, t catalog.CheckpointType) error {
 	switch t {
 	case catalog.Full:
-		if info.BackingFilename != "" {
-			return fmt.Errorf("full layer has backing file %s", info.BackingFilename)
+		if backing != "" {
+			return fmt.Errorf("full layer has backing file %s", backing)
 		}
 	case catalog.Incremental:
-		if info.BackingFilename == "" {
+		if backing == "" {
 			return fmt.Errorf("incremental layer has no backing file (the hypervisor took a full backup?)")
 		}
 	}

@@ -19,8 +19,11 @@ Copyright The kubevirt-qcow2 Authors.
 package backup_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -225,6 +228,89 @@ var _ = Describe("backup and restore", func() {
 			`: sha256 is [0-9a-f]{64}, the index records [0-9a-f]{64}: the object was altered \(after 3 attempts\)$`)))
 		Expect(backup.IsCorrupt(err)).To(BeTrue())
 		Expect(reads).To(Equal(3))
+	})
+
+	// l2Read tells a ranged read of b2's layer that is a whole L2 table:
+	// a cluster, not the header's.
+	l2Read := func(key string, offset int64, data []byte) bool {
+		return key == diskKey("b2") && offset > 0 && len(data) == 64<<10
+	}
+
+	DescribeTable("maps a layer again whose metadata were altered on the way, and restores it",
+		func(alter func(l2 []byte)) {
+			f.threeBackups()
+			altered := 0
+			f.store.TearRanges = func(key string, offset int64, data []byte) []byte {
+				if l2Read(key, offset, data) && altered == 0 {
+					altered++
+					alter(data)
+				}
+				return data
+			}
+			f.expectRestored("b3")
+			Expect(altered).To(Equal(1))
+		},
+		Entry("into another valid map: the stream finds it out", func(l2 []byte) {
+			for i := 0; i < len(l2); i += 8 {
+				l2[i+7] ^= 1 // every cluster zeroes or not
+			}
+		}),
+		Entry("into a map it refuses: the layer read whole finds it out", func(l2 []byte) {
+			l2[0] ^= 0x40 // compressed
+		}),
+	)
+
+	It("fails a restore whose metadata reads are altered every time", func() {
+		f.threeBackups()
+		f.store.TearRanges = func(key string, offset int64, data []byte) []byte {
+			if l2Read(key, offset, data) {
+				for i := 0; i < len(data); i += 8 {
+					data[i+7] ^= 1
+				}
+			}
+			return data
+		}
+		_, err := f.restore("b3")
+		Expect(err).To(MatchError(MatchRegexp(`^restore default/vm1 disk vda: checkpoint cp-b2: object ` + diskKey("b2") +
+			`: bytes \d+-\d+ differ from those its map was read from: the object was altered \(after 3 attempts\)$`)))
+		Expect(backup.IsCorrupt(err)).To(BeTrue())
+	})
+
+	It("restores through staged copies a chain whose map needs more ranges than allowed", func() {
+		f.threeBackups()
+		f.repo.MaxRestoreExtents = 4
+		f.expectRestored("b3")
+		f.expectRestored("b1")
+	})
+
+	It("replaces a target file larger than the disk", func() {
+		f.threeBackups()
+		target := filepath.Join(f.dir, "b3.restored.raw")
+		Expect(os.WriteFile(target, bytes.Repeat([]byte{0xff}, 20*mib), 0o600)).To(Succeed())
+		res, err := f.restore("b3")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(res.VirtualSize).To(Equal(int64(16 * mib)))
+		st, err := os.Stat(target)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Size()).To(Equal(int64(16 * mib)))
+		f.expectRestored("b3")
+	})
+
+	It("refuses, naming the layer, a layer of compressed clusters, which it does not map", func() {
+		Expect(f.hv.Write(f.ctx, 0, mib, 0x11)).To(Succeed())
+		up, err := f.repo.Begin(f.ctx, vm, backup.CheckpointSpec{ID: "cp-c", Type: catalog.Full, Backup: "c"})
+		Expect(err).NotTo(HaveOccurred())
+		compressed := filepath.Join(f.dir, "compressed.qcow2")
+		out, err := exec.Command("qemu-img", "convert", "-c", "-f", "raw", "-O", "qcow2", f.hv.Live(), compressed).CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		_, err = up.PutDisk(f.ctx, "vda", compressed, nil)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = up.Commit(f.ctx)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = f.restore("c")
+		Expect(err).To(MatchError(ContainSubstring("checkpoint cp-c: layer 0 (" + catalog.DiskPath(vm, "cp-c", "c", "vda") + "): ")))
+		Expect(err).To(MatchError(ContainSubstring("compressed clusters are not supported")))
+		Expect(backup.IsCorrupt(err)).To(BeFalse())
 	})
 
 	It("resumes a layer whose body ended early without an error", func() {

@@ -27,10 +27,12 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2meta"
 )
 
 func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
@@ -121,14 +123,17 @@ type RestoreOptions struct {
 	VM     catalog.VM
 	// Disk is the disk's name in the checkpoint files (e.g. "vda").
 	Disk string
-	// Target is a raw file (created or replaced) or a block device
-	// (written in place) that receives the disk.
+	// Target is a raw file (created or replaced) or a block device of at
+	// least the disk's size (written in place) that receives the disk.
 	Target string
-	// WorkDir holds the downloaded layers; it needs room for the whole
-	// chain of the disk. Empty means the system's temporary directory.
+	// WorkDir holds the downloaded layers when the chain is restored
+	// through staged copies (see Restore); it then needs room for the
+	// whole chain of the disk. Empty means the system's temporary
+	// directory.
 	WorkDir  string
 	Progress Progress
-	// SkipVerify skips comparing the target with the rebuilt chain.
+	// SkipVerify skips comparing the target with the rebuilt chain after
+	// a staged restore.
 	SkipVerify bool
 }
 
@@ -140,74 +145,106 @@ type RestoreResult struct {
 	VirtualSize int64
 }
 
-// Restore downloads the disk's layer of every checkpoint of the chain,
-// checking each object's size and digest; checks that the base has no
-// backing file, that every incremental has one and that none uses an
-// external data file; points every layer at the one before it (rebase -u);
-// converts the top to raw onto the target and compares the two.
+// Restore writes the disk as the chain of its backup holds it onto the
+// target, in one pass over each layer: it reads the qcow2 metadata of
+// every layer with ranged reads (qcow2meta.ReadMap), gives each guest range
+// to the topmost layer that holds it, makes the ranges no layer holds
+// with data read as zeroes, then streams each layer once, writing the
+// ranges the guest reads from it to their place in the target while it
+// checks the layer's size and sha256 and that its metadata are those it
+// was mapped from. A layer read otherwise than the index records it starts
+// the restore over (Repository.Retries attempts); the target of a failed
+// restore holds no disk to trust.
+//
+// A chain whose map needs more than Repository.MaxRestoreExtents ranges
+// is restored through staged copies instead: every layer is downloaded
+// into WorkDir and checked, and qemu-img converts the chain onto the
+// target (restoreStaged).
 func (r *Repository) Restore(ctx context.Context, opts RestoreOptions) (*RestoreResult, error) {
 	src, chain, err := r.locate(ctx, opts.Backup, opts.VM)
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", opts.VM, err)
 	}
+	res := &RestoreResult{Chain: catalog.IDs(chain)}
+	files := make([]*catalog.FileEntry, len(chain))
+	for i, c := range chain {
+		if files[i] = c.File(opts.Disk); files[i] == nil {
+			return nil, fmt.Errorf("restore %s: checkpoint %s has no disk %s", opts.VM, c.ID, opts.Disk)
+		}
+		res.Bytes += files[i].Size
+	}
+	res.VirtualSize, err = src.restoreStreamed(ctx, chain, files, opts.Target, opts.Progress)
+	if errors.Is(err, qcow2meta.ErrTooManyExtents) {
+		logr.FromContextOrDiscard(ctx).Info("Restoring through staged copies of the layers", "vm", opts.VM.String(), "disk", opts.Disk, "reason", err.Error())
+		res.VirtualSize, err = src.restoreStaged(ctx, chain, files, opts)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("restore %s disk %s: %w", opts.VM, opts.Disk, err)
+	}
+	return res, nil
+}
+
+// restoreStaged downloads the layers, files of the checkpoints of chain,
+// into a work directory, checking each object's size and digest; checks
+// that the base has no backing file, that every incremental has one and
+// that none uses an external data file; points every layer at the one
+// before it (rebase -u); converts the top to raw onto the target and
+// compares the two. It returns the disk's virtual size.
+func (r *Repository) restoreStaged(ctx context.Context, chain []catalog.CheckpointEntry, files []*catalog.FileEntry, opts RestoreOptions) (int64, error) {
 	work, err := os.MkdirTemp(opts.WorkDir, "restore-")
 	if err != nil {
-		return nil, fmt.Errorf("restore %s: work directory: %w", opts.VM, err)
+		return 0, fmt.Errorf("work directory: %w", err)
 	}
 	defer os.RemoveAll(work)
 
-	res := &RestoreResult{Chain: catalog.IDs(chain)}
 	var prev string
+	var size int64
 	for i, c := range chain {
-		f := c.File(opts.Disk)
-		if f == nil {
-			return nil, fmt.Errorf("restore %s: checkpoint %s has no disk %s", opts.VM, c.ID, opts.Disk)
-		}
+		f := files[i]
 		local := filepath.Join(work, fmt.Sprintf("%03d-%s.qcow2", i, c.ID))
-		if err := src.fetchLayer(ctx, f.ObjectPath, local, f, opts.Progress); err != nil {
-			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
+		if err := r.fetchLayer(ctx, f.ObjectPath, local, f, opts.Progress); err != nil {
+			return 0, fmt.Errorf("checkpoint %s: %w", c.ID, err)
 		}
-		res.Bytes += f.Size
 		info, err := r.Qemu.Info(ctx, local, qcow2.InfoOptions{Format: qcow2.FormatQcow2, NoBacking: true})
 		if err != nil {
-			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
+			return 0, fmt.Errorf("checkpoint %s: %w", c.ID, err)
 		}
 		want := catalog.Incremental
 		if i == 0 {
 			want = catalog.Full
 		}
 		if err := checkLayer(info, want); err != nil {
-			return nil, fmt.Errorf("restore %s disk %s: layer %d (checkpoint %s): %w", opts.VM, opts.Disk, i, c.ID, err)
+			return 0, fmt.Errorf("layer %d (checkpoint %s): %w", i, c.ID, err)
 		}
 		if i > 0 {
 			if err := r.Qemu.Rebase(ctx, local, prev, qcow2.FormatQcow2); err != nil {
-				return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
+				return 0, fmt.Errorf("checkpoint %s: %w", c.ID, err)
 			}
 		}
 		check, err := r.Qemu.Check(ctx, local, qcow2.InfoOptions{Format: qcow2.FormatQcow2})
 		if err != nil {
-			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: %w", opts.VM, opts.Disk, c.ID, err)
+			return 0, fmt.Errorf("checkpoint %s: %w", c.ID, err)
 		}
 		if !check.Clean() {
-			return nil, fmt.Errorf("restore %s disk %s: checkpoint %s: qemu-img check finds %d errors, %d corruptions",
-				opts.VM, opts.Disk, c.ID, check.CheckErrors, check.Corruptions)
+			return 0, fmt.Errorf("checkpoint %s: qemu-img check finds %d errors, %d corruptions",
+				c.ID, check.CheckErrors, check.Corruptions)
 		}
-		res.VirtualSize = info.VirtualSize
+		size = info.VirtualSize
 		prev = local
 	}
 	if err := r.Qemu.Convert(ctx, prev, qcow2.FormatQcow2, opts.Target, qcow2.FormatRaw); err != nil {
-		return nil, fmt.Errorf("restore %s disk %s: %w", opts.VM, opts.Disk, err)
+		return 0, err
 	}
 	if !opts.SkipVerify {
 		same, err := r.Qemu.Compare(ctx, opts.Target, qcow2.FormatRaw, prev, qcow2.FormatQcow2)
 		if err != nil {
-			return nil, fmt.Errorf("restore %s disk %s: verify: %w", opts.VM, opts.Disk, err)
+			return 0, fmt.Errorf("verify: %w", err)
 		}
 		if !same {
-			return nil, fmt.Errorf("restore %s disk %s: %s differs from the rebuilt chain", opts.VM, opts.Disk, opts.Target)
+			return 0, fmt.Errorf("%s differs from the rebuilt chain", opts.Target)
 		}
 	}
-	return res, nil
+	return size, nil
 }
 
 // fetchLayer downloads one object to a new local file and checks it.

@@ -102,12 +102,12 @@ type flakyStore struct {
 	failures int
 }
 
-func (s *flakyStore) Get(ctx context.Context, key string, offset int64) (io.ReadCloser, objectstore.ObjectInfo, error) {
+func (s *flakyStore) Get(ctx context.Context, key string, offset, length int64) (io.ReadCloser, objectstore.ObjectInfo, error) {
 	if s.failures > 0 {
 		s.failures--
 		return nil, objectstore.ObjectInfo{}, errors.New("s3: get " + key + ": read tcp: connection reset by peer")
 	}
-	return s.Store.Get(ctx, key, offset)
+	return s.Store.Get(ctx, key, offset, length)
 }
 
 var created = time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)

@@ -345,15 +345,10 @@ func copiedFlags(entry uint64) uint32 {
 // readAt fills buf from offset. Bytes past the end of the file read as
 // zeroes, as QEMU reads them.
 func (c *checker) readAt(s site, buf []byte, offset uint64) error {
-	n, err := c.r.ReadAt(buf, int64(offset))
-	if n == len(buf) {
-		return nil
+	if err := readPadded(c.r, buf, int64(offset)); err != nil {
+		return fmt.Errorf("read %s at %#x: %w", s, offset, err)
 	}
-	if errors.Is(err, io.EOF) {
-		clear(buf[n:])
-		return nil
-	}
-	return fmt.Errorf("read %s at %#x: %w", s, offset, err)
+	return nil
 }
 
 // forEntries calls fn with the index and the first 64 bits of each of the

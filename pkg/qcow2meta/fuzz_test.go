@@ -24,7 +24,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -90,33 +89,13 @@ func FuzzReadHeader(f *testing.F) {
 }
 
 func FuzzCheck(f *testing.F) {
-	for _, img := range createdImages(f) {
-		data := bytes.TrimRight(img, "\x00")
-		f.Add(data, uint64(len(img)-len(data)))
-	}
+	addImages(f)
 	f.Fuzz(func(t *testing.T, data []byte, zeroes uint64) {
-		size := int64(min(uint64(len(data))+zeroes, maxFuzzFileSize))
-		ctx, cancel := context.WithTimeout(context.Background(), maxFuzzDuration)
-		defer cancel()
-		// runtime/metrics, not runtime.ReadMemStats: stopping the world
-		// at every exec cut the fuzzer to a few execs a second.
-		allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-		metrics.Read(allocs)
-		before := allocs[0].Value.Uint64()
-		// The fuzzing engine does not time an input out: a loop that
-		// does not look at ctx would hang it.
-		watchdog := time.AfterFunc(2*maxFuzzDuration, func() {
-			panic(fmt.Sprintf("checking %d bytes followed by zeroes up to %d hangs", len(data), size))
+		var res *CheckResult
+		size, err := bounded(t, "checking", data, zeroes, func(ctx context.Context, size int64) (err error) {
+			res, err = check(ctx, zeroPadded(data), size)
+			return err
 		})
-		defer watchdog.Stop()
-		res, err := check(ctx, zeroPadded(data), size)
-		metrics.Read(allocs)
-		if allocated := allocs[0].Value.Uint64() - before; allocated > maxFuzzAlloc {
-			t.Fatalf("checking %d bytes followed by zeroes up to %d allocated %d bytes", len(data), size, allocated)
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("checking %d bytes followed by zeroes up to %d took more than %s", len(data), size, maxFuzzDuration)
-		}
 		if err != nil {
 			return
 		}
@@ -132,21 +111,73 @@ func FuzzCheck(f *testing.F) {
 	})
 }
 
-// zeroPadded reads as its bytes followed by zeroes.
-type zeroPadded []byte
+// maxFuzzExtents is the cap FuzzReadMap gives ReadMap.
+const maxFuzzExtents = 1 << 16
 
-var _ io.ReaderAt = zeroPadded(nil)
+func FuzzReadMap(f *testing.F) {
+	addImages(f)
+	f.Fuzz(func(t *testing.T, data []byte, zeroes uint64) {
+		var m *Map
+		size, err := bounded(t, "mapping", data, zeroes, func(ctx context.Context, size int64) (err error) {
+			m, err = ReadMap(ctx, zeroPadded(data), size, maxFuzzExtents)
+			return err
+		})
+		if err != nil {
+			return
+		}
+		if len(m.Extents) > maxFuzzExtents {
+			t.Fatalf("%d extents", len(m.Extents))
+		}
+		cs := int64(m.Header.ClusterSize())
+		var end int64
+		for i, e := range m.Extents {
+			switch {
+			case e.Length <= 0 || e.Guest < end || e.Guest+e.Length > int64(m.Header.Size):
+				t.Fatalf("extent %d %+v after guest offset %d, virtual size %d", i, e, end, m.Header.Size)
+			case !e.Zero() && (e.Host%cs != 0 || e.Host < cs || e.Host+e.Length > size):
+				t.Fatalf("extent %d %+v in a file of %d bytes, clusters of %d", i, e, size, cs)
+			}
+			end = e.Guest + e.Length
+		}
+	})
+}
 
-func (z zeroPadded) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 {
-		return 0, errors.New("negative offset")
+// addImages adds the images CreateOverlay writes as seeds of a fuzz
+// target that takes an image's bytes and the zeroes that follow them.
+func addImages(f *testing.F) {
+	for _, img := range createdImages(f) {
+		data := bytes.TrimRight(img, "\x00")
+		f.Add(data, uint64(len(img)-len(data)))
 	}
-	n := 0
-	if off < int64(len(z)) {
-		n = copy(p, z[off:])
+}
+
+// bounded runs fn on a file of data followed by zeroes, of the size it
+// returns, and fails t when fn allocates more than maxFuzzAlloc or takes
+// more than maxFuzzDuration. It returns fn's error.
+func bounded(t *testing.T, what string, data []byte, zeroes uint64, fn func(ctx context.Context, size int64) error) (int64, error) {
+	size := int64(min(uint64(len(data))+zeroes, maxFuzzFileSize))
+	ctx, cancel := context.WithTimeout(context.Background(), maxFuzzDuration)
+	defer cancel()
+	// runtime/metrics, not runtime.ReadMemStats: stopping the world at
+	// every exec cut the fuzzer to a few execs a second.
+	allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(allocs)
+	before := allocs[0].Value.Uint64()
+	// The fuzzing engine does not time an input out: a loop that does
+	// not look at ctx would hang it.
+	watchdog := time.AfterFunc(2*maxFuzzDuration, func() {
+		panic(fmt.Sprintf("%s %d bytes followed by zeroes up to %d hangs", what, len(data), size))
+	})
+	defer watchdog.Stop()
+	err := fn(ctx, size)
+	metrics.Read(allocs)
+	if allocated := allocs[0].Value.Uint64() - before; allocated > maxFuzzAlloc {
+		t.Fatalf("%s %d bytes followed by zeroes up to %d allocated %d bytes", what, len(data), size, allocated)
 	}
-	clear(p[n:])
-	return len(p), nil
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%s %d bytes followed by zeroes up to %d took more than %s", what, len(data), size, maxFuzzDuration)
+	}
+	return size, err
 }
 
 // createdImages are images CreateOverlay writes, with small clusters so
@@ -258,6 +289,7 @@ func TestFuzzSeeds(t *testing.T) {
 		if !seed.headerOnly {
 			data := bytes.TrimRight(img, "\x00")
 			writeSeed(t, "FuzzCheck", seed.name, data, uint64(len(img)-len(data))+seed.zeroes)
+			writeSeed(t, "FuzzReadMap", seed.name, data, uint64(len(img)-len(data))+seed.zeroes)
 		}
 	}
 }

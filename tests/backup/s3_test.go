@@ -101,7 +101,7 @@ var _ = Describe("the S3 server", func() {
 				return
 			}
 			Expect(err).To(MatchError(wantErr))
-			rc, _, err := store.Get(ctx, "doc", 0)
+			rc, _, err := store.Get(ctx, "doc", 0, 0)
 			Expect(err).NotTo(HaveOccurred())
 			defer rc.Close()
 			Expect(io.ReadAll(rc)).To(BeEquivalentTo("two"), "the losing write must not land")
@@ -177,18 +177,30 @@ var _ = Describe("the S3 server", func() {
 		objs, err := store.List(ctx, "")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(objs).To(ConsistOf(HaveField("Key", "big")))
-		rc, _, err := store.Get(ctx, "big", 7<<20)
+		rc, _, err := store.Get(ctx, "big", 7<<20, 0)
 		Expect(err).NotTo(HaveOccurred())
 		defer rc.Close()
 		tail, err := io.ReadAll(rc)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(sha256.Sum256(tail)).To(Equal(sha256.Sum256(data[7<<20:])))
+
+		// A range of a given length, from the start and from within,
+		// names the whole object's size.
+		for _, r := range [][2]int64{{0, 104}, {5<<20 - 10, 64 << 10}} {
+			rc, info, err := store.Get(ctx, "big", r[0], r[1])
+			Expect(err).NotTo(HaveOccurred())
+			got, err := io.ReadAll(rc)
+			rc.Close()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(got).To(Equal(data[r[0] : r[0]+r[1]]))
+			Expect(info.Size).To(Equal(int64(len(data))))
+		}
 	})
 
 	It("reports a missing object as such", func() {
 		_, err := store.Stat(ctx, "nothing")
 		Expect(err).To(MatchError(objectstore.ErrNotFound))
-		_, _, err = store.Get(ctx, "nothing", 0)
+		_, _, err = store.Get(ctx, "nothing", 0, 0)
 		Expect(err).To(MatchError(objectstore.ErrNotFound))
 		Expect(store.Delete(ctx, "nothing")).To(Succeed())
 	})

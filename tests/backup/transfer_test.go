@@ -370,7 +370,7 @@ var _ = Describe("transfers through a failing S3 server", func() {
 		info, err := store.Put(ctx, "whole", strings.NewReader(string(data)), int64(len(data)), objectstore.PutOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(info.Size).To(Equal(int64(len(data))))
-		rc, _, err := store.Get(ctx, "whole", 0)
+		rc, _, err := store.Get(ctx, "whole", 0, 0)
 		Expect(err).NotTo(HaveOccurred())
 		defer rc.Close()
 		got, err := io.ReadAll(rc)

@@ -112,7 +112,7 @@ func replacedWhileRead(err error) bool {
 }
 
 func (c *Catalog) readOnce(ctx context.Context, key string, doc versioned) (etag string, found bool, err error) {
-	rc, info, err := c.Store.Get(ctx, key, 0)
+	rc, info, err := c.Store.Get(ctx, key, 0, 0)
 	if errors.Is(err, objectstore.ErrNotFound) {
 		return "", false, nil
 	}

@@ -274,7 +274,7 @@ var _ = Describe("torn reads", func() {
 		_, err = cat.AddVMToBackup(ctx, "nightly", catalog.BackupVM{Namespace: vm.Namespace, Name: vm.Name, CheckpointID: "a", ManifestPath: rel})
 		Expect(err).NotTo(HaveOccurred())
 		for _, k := range []string{key, rel, catalog.BackupIndexPath("nightly")} {
-			rc, info, err := store.Get(ctx, k, 0)
+			rc, info, err := store.Get(ctx, k, 0, 0)
 			Expect(err).NotTo(HaveOccurred())
 			data, err := io.ReadAll(rc)
 			Expect(err).NotTo(HaveOccurred())

@@ -212,10 +212,15 @@ func (s *S3) unkey(k string) string {
 // give its size and checksum: a lazily opened minio.Object takes the size
 // from an earlier HEAD, so an object replaced by a larger one between the
 // two is cut at the old size and read as if whole.
-func (s *S3) Get(ctx context.Context, key string, offset int64) (io.ReadCloser, ObjectInfo, error) {
+func (s *S3) Get(ctx context.Context, key string, offset, length int64) (io.ReadCloser, ObjectInfo, error) {
 	var opts minio.GetObjectOptions
-	if offset > 0 {
-		if err := opts.SetRange(offset, 0); err != nil {
+	ranged := offset > 0 || length > 0
+	if ranged {
+		end := int64(0) // to the object's end
+		if length > 0 {
+			end = offset + length - 1
+		}
+		if err := opts.SetRange(offset, end); err != nil {
 			return nil, ObjectInfo{}, fmt.Errorf("s3: get %s: %w", key, err)
 		}
 	} else {
@@ -228,7 +233,7 @@ func (s *S3) Get(ctx context.Context, key string, offset int64) (io.ReadCloser, 
 		return nil, ObjectInfo{}, s.wrap("get", key, err)
 	}
 	info := s.info(st)
-	if offset > 0 {
+	if ranged {
 		// Content-Range is "bytes first-last/size".
 		_, total, ok := strings.Cut(header.Get("Content-Range"), "/")
 		if info.Size, err = strconv.ParseInt(total, 10, 64); !ok || err != nil {

@@ -49,15 +49,16 @@ var ErrTornRead = errors.New("torn read")
 // ObjectInfo describes a stored object.
 type ObjectInfo struct {
 	Key string
-	// Size is the whole object's size, also for a read from an offset.
+	// Size is the whole object's size, also for a read of a range.
 	Size         int64
 	ETag         string
 	LastModified time.Time
 	// Checksum is the store's checksum of the whole object, set by Get
-	// from offset 0 when the store reports one.
+	// of the whole object when the store reports one.
 	Checksum Checksum
 	// SHA256 is the hex SHA-256 its writer recorded with the object
-	// (PutOptions.SHA256), set by Get from offset 0 when there is one.
+	// (PutOptions.SHA256), set by Get of the whole object when there is
+	// one.
 	SHA256 string
 }
 
@@ -141,8 +142,9 @@ type PutOptions struct {
 // Store is what backups need from an object store. Keys are relative to
 // the store's prefix.
 type Store interface {
-	// Get opens an object for reading from offset on.
-	Get(ctx context.Context, key string, offset int64) (io.ReadCloser, ObjectInfo, error)
+	// Get opens an object for reading length bytes from offset on, or
+	// to its end when length is 0.
+	Get(ctx context.Context, key string, offset, length int64) (io.ReadCloser, ObjectInfo, error)
 	// Stat describes an object without reading it.
 	Stat(ctx context.Context, key string) (ObjectInfo, error)
 	// Put stores size bytes read from r (size -1 when unknown), streaming

@@ -111,7 +111,8 @@ type RestoreOptions struct {
 	Disk   string
 	// Target is the raw file or block device receiving the disk.
 	Target string
-	// WorkDir holds the downloaded layers.
+	// WorkDir holds the downloaded layers of a restore through staged
+	// copies (backup.RestoreOptions.WorkDir).
 	WorkDir     string
 	Credentials string
 	Progress    ObjectRef
@@ -216,7 +217,7 @@ func ParseRestore(args []string, getenv func(string) string) (RestoreOptions, er
 	fs.StringVar(&o.Backup, "backup", "", "Velero backup to restore from")
 	fs.StringVar(&o.Disk, "disk", "", "disk to restore")
 	fs.StringVar(&o.Target, "target", "", "raw file or block device receiving the disk")
-	fs.StringVar(&o.WorkDir, "work-dir", "", "directory for the downloaded layers")
+	fs.StringVar(&o.WorkDir, "work-dir", "", "directory for the downloaded layers of a restore through staged copies")
 	fs.StringVar(&o.Credentials, "credentials", "", "credentials file of the backup storage location")
 	fs.StringVar(&progress, "progress", "", "<namespace>/<name> of the DataDownload to report progress to")
 	if err := fs.Parse(args); err != nil {

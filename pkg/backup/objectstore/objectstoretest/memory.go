@@ -56,10 +56,13 @@ type Memory struct {
 	// breaking once it reaches MaxBrokenReads (zero means no limit).
 	BrokenReads    int
 	MaxBrokenReads int
-	// Tear, when set, gives the bytes a Get from offset 0 delivers in
+	// Tear, when set, gives the bytes a Get of the whole object delivers in
 	// place of the object's, while the ObjectInfo still describes the
 	// object: a store that tears a read.
 	Tear func(key string, data []byte) []byte
+	// TearRanges does what Tear does for a Get of a range, the bytes of
+	// the object from offset.
+	TearRanges func(key string, offset int64, data []byte) []byte
 	// SlowReads, when positive, makes every read of a Get's reader take
 	// that long: a transfer that lasts.
 	SlowReads time.Duration
@@ -81,23 +84,28 @@ func (m *Memory) now() time.Time {
 }
 
 // Get implements objectstore.Store.
-func (m *Memory) Get(_ context.Context, key string, offset int64) (io.ReadCloser, objectstore.ObjectInfo, error) {
+func (m *Memory) Get(_ context.Context, key string, offset, length int64) (io.ReadCloser, objectstore.ObjectInfo, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	o, ok := m.objects[key]
 	if !ok {
 		return nil, objectstore.ObjectInfo{}, fmt.Errorf("get %s: %w", key, objectstore.ErrNotFound)
 	}
-	if offset > int64(len(o.data)) {
-		offset = int64(len(o.data))
-	}
+	whole := offset == 0 && length <= 0
 	data := o.data
-	if m.Tear != nil && offset == 0 {
+	if m.Tear != nil && whole {
 		data = m.Tear(key, append([]byte(nil), data...))
 	}
-	var r io.Reader = bytes.NewReader(data[offset:])
+	data = data[min(offset, int64(len(data))):]
+	if length > 0 && length < int64(len(data)) {
+		data = data[:length]
+	}
+	if m.TearRanges != nil && !whole {
+		data = m.TearRanges(key, offset, append([]byte(nil), data...))
+	}
+	var r io.Reader = bytes.NewReader(data)
 	if m.BreakReadsAfter > 0 && (m.MaxBrokenReads == 0 || m.BrokenReads < m.MaxBrokenReads) &&
-		int64(len(o.data))-offset > m.BreakReadsAfter {
+		int64(len(data)) > m.BreakReadsAfter {
 		m.BrokenReads++
 		r = io.MultiReader(io.LimitReader(r, m.BreakReadsAfter), errReader{})
 	}
@@ -105,7 +113,7 @@ func (m *Memory) Get(_ context.Context, key string, offset int64) (io.ReadCloser
 		r = slowReader{r, m.SlowReads}
 	}
 	info := m.info(key, o)
-	if offset == 0 {
+	if whole {
 		// As S3 reports a checksum and the user metadata on a whole
 		// read.
 		if !m.NoChecksums {
