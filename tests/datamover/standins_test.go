@@ -43,6 +43,7 @@ import (
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover/mover"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 // standInVolume is the one disk of every test VM.
@@ -92,21 +93,9 @@ func (k *kubeVirtStandIn) run(ctx context.Context) {
 	everyTick(ctx, "KubeVirt stand-in", k.step)
 }
 
-// everyTick runs a stand-in's step until ctx ends, logging its errors.
+// everyTick runs a stand-in's step every 100 ms until ctx ends.
 func everyTick(ctx context.Context, name string, step func(context.Context) error) {
-	defer GinkgoRecover()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		if err := step(ctx); err != nil && ctx.Err() == nil {
-			GinkgoWriter.Printf("%s: %v\n", name, err)
-		}
-	}
+	framework.EveryTick(ctx, name, 100*time.Millisecond, step)
 }
 
 func (k *kubeVirtStandIn) step(ctx context.Context) error {

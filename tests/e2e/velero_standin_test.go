@@ -30,9 +30,8 @@ import (
 	"sync"
 	"time"
 
-	. "github.com/onsi/ginkgo/v2"
-
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
 // vmBackupStandIn plays the part of KubeVirt v1.9 that executes a
@@ -79,19 +78,7 @@ func newVMBackupStandIn() *vmBackupStandIn {
 
 // run executes VirtualMachineBackups until ctx ends.
 func (s *vmBackupStandIn) run(ctx context.Context) {
-	defer GinkgoRecover()
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		if err := s.step(ctx); err != nil && ctx.Err() == nil {
-			GinkgoWriter.Printf("VirtualMachineBackup stand-in: %v\n", err)
-		}
-	}
+	framework.EveryTick(ctx, "VirtualMachineBackup stand-in", 2*time.Second, s.step)
 }
 
 func (s *vmBackupStandIn) step(ctx context.Context) error {

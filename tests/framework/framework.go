@@ -87,3 +87,21 @@ func StartSuiteLibvirtd(ctx context.Context) *testenv.Libvirtd {
 	ginkgo.DeferCleanup(func(ctx ginkgo.SpecContext) error { return lv.Stop(ctx) })
 	return lv
 }
+
+// EveryTick runs step every interval until ctx ends, logging its errors
+// under name: the loop of a stand-in that plays a controller in a spec.
+func EveryTick(ctx context.Context, name string, interval time.Duration, step func(context.Context) error) {
+	defer ginkgo.GinkgoRecover()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if err := step(ctx); err != nil && ctx.Err() == nil {
+			ginkgo.GinkgoWriter.Printf("%s: %v\n", name, err)
+		}
+	}
+}
