@@ -50,7 +50,9 @@ const (
 	maxFuzzFileSize = 1 << 40
 	// maxFuzzAlloc is what checking any such file may allocate.
 	maxFuzzAlloc = 64 << 20
-	// maxFuzzDuration is what checking it may take.
+	// maxFuzzDuration is what checking it may take while fuzzing. The
+	// seed corpus, run as a test, has no such bound: go test's -timeout
+	// catches a hang there, and tests do not assert wall-clock times.
 	maxFuzzDuration = 10 * time.Second
 )
 
@@ -152,23 +154,27 @@ func addImages(f *testing.F) {
 }
 
 // bounded runs fn on a file of data followed by zeroes, of the size it
-// returns, and fails t when fn allocates more than maxFuzzAlloc or takes
-// more than maxFuzzDuration. It returns fn's error.
+// returns, and fails t when fn allocates more than maxFuzzAlloc or, while
+// fuzzing, takes more than maxFuzzDuration. It returns fn's error.
 func bounded(t *testing.T, what string, data []byte, zeroes uint64, fn func(ctx context.Context, size int64) error) (int64, error) {
 	size := int64(min(uint64(len(data))+zeroes, maxFuzzFileSize))
-	ctx, cancel := context.WithTimeout(context.Background(), maxFuzzDuration)
-	defer cancel()
+	ctx := context.Background()
+	if fuzzing() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, maxFuzzDuration)
+		defer cancel()
+		// The fuzzing engine does not time an input out: a loop that
+		// does not look at ctx would hang it.
+		watchdog := time.AfterFunc(2*maxFuzzDuration, func() {
+			panic(fmt.Sprintf("%s %d bytes followed by zeroes up to %d hangs", what, len(data), size))
+		})
+		defer watchdog.Stop()
+	}
 	// runtime/metrics, not runtime.ReadMemStats: stopping the world at
 	// every exec cut the fuzzer to a few execs a second.
 	allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
 	metrics.Read(allocs)
 	before := allocs[0].Value.Uint64()
-	// The fuzzing engine does not time an input out: a loop that does
-	// not look at ctx would hang it.
-	watchdog := time.AfterFunc(2*maxFuzzDuration, func() {
-		panic(fmt.Sprintf("%s %d bytes followed by zeroes up to %d hangs", what, len(data), size))
-	})
-	defer watchdog.Stop()
 	err := fn(ctx, size)
 	metrics.Read(allocs)
 	if allocated := allocs[0].Value.Uint64() - before; allocated > maxFuzzAlloc {
@@ -178,6 +184,12 @@ func bounded(t *testing.T, what string, data []byte, zeroes uint64, fn func(ctx 
 		t.Fatalf("%s %d bytes followed by zeroes up to %d took more than %s", what, len(data), size, maxFuzzDuration)
 	}
 	return size, err
+}
+
+// fuzzing says whether go test runs with -fuzz, not only the seed corpus.
+func fuzzing() bool {
+	f := flag.Lookup("test.fuzz")
+	return f != nil && f.Value.String() != ""
 }
 
 // createdImages are images CreateOverlay writes, with small clusters so
