@@ -93,6 +93,9 @@ func main() {
 		RegisterRestoreItemActionV2(veleroplugin.ClaimRestoreActionName, func(log logrus.FieldLogger) (any, error) {
 			return veleroplugin.NewClaimRestoreAction(log), nil
 		}).
+		RegisterRestoreItemActionV2(veleroplugin.OwnedRestoreActionName, func(log logrus.FieldLogger) (any, error) {
+			return veleroplugin.NewOwnedRestoreAction(log), nil
+		}).
 		RegisterDeleteItemAction(veleroplugin.DeleteActionName, func(log logrus.FieldLogger) (any, error) {
 			cl, err := c.get(log)
 			if err != nil {

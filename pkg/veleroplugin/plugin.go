@@ -33,6 +33,9 @@ Copyright The kubevirt-qcow2 Authors.
 //     claims of its own data mover (unbound, selecting Velero's
 //     velero.io/dynamic-pv-restore label) and keep their volumes out of
 //     the restore.
+//   - OwnedRestoreAction, a RestoreItemAction (v2) on Pods and
+//     VirtualMachineInstances: it keeps a VM's VMI and KubeVirt's pods of
+//     it out of a restore; KubeVirt makes them again for the restored VM.
 //   - DeleteAction, a DeleteItemAction on DataUploads: when Velero deletes a
 //     backup, it removes the backup from the location's catalog and lets
 //     garbage collection reclaim what no other backup needs — Velero's own
@@ -68,12 +71,15 @@ const (
 
 	ClaimBackupActionName  = "kubevirt-datamover.io/pvc-backup"
 	ClaimRestoreActionName = "kubevirt-datamover.io/pvc-restore"
+
+	OwnedRestoreActionName = "kubevirt-datamover.io/vm-owned-restore"
 )
 
 // Resources the actions apply to, as Velero's resource selectors name them.
 const (
-	virtualMachines = "virtualmachines.kubevirt.io"
-	dataUploads     = "datauploads.velero.io"
+	virtualMachines         = "virtualmachines.kubevirt.io"
+	virtualMachineInstances = "virtualmachineinstances.kubevirt.io"
+	dataUploads             = "datauploads.velero.io"
 )
 
 // DefaultOperationTimeout bounds a DataUpload or DataDownload whose backup

@@ -347,10 +347,6 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 	const (
 		vmNamespace = "velero-vms"
 		vm          = "vm"
-		// Velero backs up the VM, its claim and volume; a VMI and its
-		// launcher pod are the VM's to make again (KubeVirt's own Velero
-		// plugin skips them the same way).
-		excluded = "virtualmachineinstances.kubevirt.io,pods"
 	)
 	var (
 		v *veleroSetup
@@ -411,7 +407,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 		By("a full backup")
 		start := time.Now()
 		out, err := v.velero(ctx, "backup", "create", "vm-full", "--include-namespaces", vmNamespace,
-			"--exclude-resources", excluded, "--data-mover", "kubevirt", "--snapshot-volumes=false", "--wait")
+			"--data-mover", "kubevirt", "--snapshot-volumes=false", "--wait")
 		Expect(err).ToNot(HaveOccurred())
 		GinkgoWriter.Println(out)
 		v.expectPhase(ctx, "backup", "vm-full")
@@ -433,7 +429,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 			To(BeEmpty())
 		start = time.Now()
 		out, err = v.velero(ctx, "backup", "create", "vm-incremental", "--include-namespaces", vmNamespace,
-			"--exclude-resources", excluded, "--data-mover", "kubevirt", "--snapshot-volumes=false", "--wait")
+			"--data-mover", "kubevirt", "--snapshot-volumes=false", "--wait")
 		Expect(err).ToNot(HaveOccurred())
 		GinkgoWriter.Println(out)
 		v.expectPhase(ctx, "backup", "vm-incremental")
@@ -484,9 +480,17 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 		v.expectPhase(ctx, "restore", "vm-restore")
 		fmt.Fprintf(GinkgoWriter, "restore in %s\n", time.Since(start).Round(time.Second))
 
+		By("the VMI and launcher pod of the backup left to KubeVirt to make again")
+		logs, err := v.velero(ctx, "restore", "logs", "vm-restore")
+		Expect(err).ToNot(HaveOccurred())
+		Expect(logs).To(And(ContainSubstring("VirtualMachineInstance not restored"), ContainSubstring("Pod not restored")))
+
 		By("the VM running again on its restored claim")
 		Eventually(vmiStatus).WithContext(ctx).WithArguments(vmNamespace, vm).WithTimeout(startTimeout).
 			WithPolling(2 * time.Second).Should(Equal("Running True"))
+		pods, err := kubectl(ctx, "-n", vmNamespace, "get", "pods", "-l", "kubevirt.io=virt-launcher", "-o", "name")
+		Expect(err).ToNot(HaveOccurred())
+		Expect(strings.Fields(pods)).To(HaveLen(1), "one launcher pod, virt-controller's")
 		pv, err := kubectl(ctx, "-n", vmNamespace, "get", "pvc", vm+"-disk", "-o", "jsonpath={.spec.volumeName}")
 		Expect(err).ToNot(HaveOccurred())
 		Expect(pv).To(HavePrefix("velero-pool-"), "the claim is bound to the volume the datamover restored")
