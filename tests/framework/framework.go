@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/ginkgo/v2/types"
 	"github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
@@ -49,6 +50,19 @@ func RunSuite(t *testing.T, description string) {
 	gomega.SetDefaultEventuallyTimeout(EventuallyTimeout)
 	ginkgo.RunSpecs(t, description)
 }
+
+// At its end every suite prints each spec it ran with its state and time,
+// so that a CI log says which spec took how long, whatever the verbosity.
+var _ = ginkgo.ReportAfterSuite("spec times", func(r ginkgo.Report) {
+	fmt.Printf("\n%s: spec times\n", r.SuiteDescription)
+	for _, spec := range r.SpecReports {
+		// Specs the label filter left out are skipped without a reason.
+		if spec.LeafNodeType != types.NodeTypeIt || spec.State == types.SpecStateSkipped && spec.Failure.Message == "" {
+			continue
+		}
+		fmt.Printf("%7.1f s  %-8s %s\n", spec.RunTime.Seconds(), spec.State, spec.FullText())
+	}
+})
 
 // InCI reports whether the run is CI's, where nothing may be skipped.
 func InCI() bool {
