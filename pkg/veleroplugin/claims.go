@@ -27,7 +27,6 @@ import (
 	"github.com/vmware-tanzu/velero/pkg/label"
 	"github.com/vmware-tanzu/velero/pkg/plugin/velero"
 	biav2 "github.com/vmware-tanzu/velero/pkg/plugin/velero/backupitemaction/v2"
-	riav2 "github.com/vmware-tanzu/velero/pkg/plugin/velero/restoreitemaction/v2"
 	"github.com/vmware-tanzu/velero/pkg/util/kube"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -162,6 +161,7 @@ func (a *ClaimBackupAction) Cancel(string, *velerov1.Backup) error { return nil 
 // restores. Restores with spec.restorePVs false get the items as Velero
 // would restore them without the action.
 type ClaimRestoreAction struct {
+	withoutOperations
 	log logrus.FieldLogger
 }
 
@@ -220,17 +220,4 @@ func (a *ClaimRestoreAction) Execute(in *velero.RestoreItemActionExecuteInput) (
 	log.Infof("PersistentVolumeClaim %s/%s restored unbound, selecting %s=%s: the kubevirt data mover binds the disk it restores to it",
 		target, u.GetName(), velerov1.DynamicPVRestoreLabel, value)
 	return velero.NewRestoreItemActionExecuteOutput(u), nil
-}
-
-// Progress has no operation to report: the action starts none.
-func (a *ClaimRestoreAction) Progress(operationID string, _ *velerov1.Restore) (velero.OperationProgress, error) {
-	return velero.OperationProgress{}, riav2.InvalidOperationIDError(operationID)
-}
-
-// Cancel has no operation to cancel.
-func (a *ClaimRestoreAction) Cancel(string, *velerov1.Restore) error { return nil }
-
-// AreAdditionalItemsReady is true: the action returns no additional items.
-func (a *ClaimRestoreAction) AreAdditionalItemsReady([]velero.ResourceIdentifier, *velerov1.Restore) (bool, error) {
-	return true, nil
 }

@@ -38,6 +38,7 @@ var kubevirtPods = map[string]bool{"virt-launcher": true, "hotplug-disk": true}
 // pods that run QEMU or hold volumes with no VMI of theirs. A VMI that
 // no VM owns is the user's own object and is restored.
 type OwnedRestoreAction struct {
+	withoutOperations
 	log logrus.FieldLogger
 }
 

@@ -56,6 +56,9 @@ import (
 
 	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
 	"github.com/vmware-tanzu/velero/pkg/label"
+	"github.com/vmware-tanzu/velero/pkg/plugin/velero"
+	biav2 "github.com/vmware-tanzu/velero/pkg/plugin/velero/backupitemaction/v2"
+	riav2 "github.com/vmware-tanzu/velero/pkg/plugin/velero/restoreitemaction/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -156,6 +159,33 @@ var backoff = wait.Backoff{Steps: 5, Duration: 200 * time.Millisecond, Factor: 2
 func withRetry(fn func() error) error {
 	return retry.OnError(backoff, transient, fn)
 }
+
+// withoutOperations completes a RestoreItemAction (v2) that starts no
+// asynchronous operation and returns no additional items.
+type withoutOperations struct{}
+
+// Progress has no operation to report.
+func (withoutOperations) Progress(operationID string, _ *velerov1.Restore) (velero.OperationProgress, error) {
+	return velero.OperationProgress{}, riav2.InvalidOperationIDError(operationID)
+}
+
+// Cancel has no operation to cancel.
+func (withoutOperations) Cancel(string, *velerov1.Restore) error { return nil }
+
+// AreAdditionalItemsReady is true: there are no additional items.
+func (withoutOperations) AreAdditionalItemsReady([]velero.ResourceIdentifier, *velerov1.Restore) (bool, error) {
+	return true, nil
+}
+
+// The actions are what Velero's plugin framework serves them as.
+var (
+	_ biav2.BackupItemAction  = (*BackupAction)(nil)
+	_ biav2.BackupItemAction  = (*ClaimBackupAction)(nil)
+	_ riav2.RestoreItemAction = (*RestoreAction)(nil)
+	_ riav2.RestoreItemAction = (*ClaimRestoreAction)(nil)
+	_ riav2.RestoreItemAction = (*OwnedRestoreAction)(nil)
+	_ velero.DeleteItemAction = (*DeleteAction)(nil)
+)
 
 // phaseMessage is a phase and, when there is one, its message.
 func phaseMessage(phase, message string) string {

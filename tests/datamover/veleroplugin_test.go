@@ -170,6 +170,7 @@ var _ = Describe("the Velero plugin", Ordered, func() {
 			framework.PluginIdentifier{Command: command, Kind: common.PluginKindDeleteItemAction, Name: veleroplugin.DeleteActionName},
 			framework.PluginIdentifier{Command: command, Kind: common.PluginKindBackupItemActionV2, Name: veleroplugin.ClaimBackupActionName},
 			framework.PluginIdentifier{Command: command, Kind: common.PluginKindRestoreItemActionV2, Name: veleroplugin.ClaimRestoreActionName},
+			framework.PluginIdentifier{Command: command, Kind: common.PluginKindRestoreItemActionV2, Name: veleroplugin.OwnedRestoreActionName},
 		))
 		logger := logrus.New()
 		logger.SetOutput(GinkgoWriter)
@@ -277,6 +278,19 @@ var _ = Describe("the Velero plugin", Ordered, func() {
 		Expect(claim.Spec.VolumeName).To(BeEmpty())
 		Expect(claim.Spec.Selector.MatchLabels).To(HaveKey(velerov1.DynamicPVRestoreLabel))
 		Expect(claim.Annotations).NotTo(HaveKey(veleroplugin.AnnotationDiskOf))
+
+		By("Velero's restore calling the owned-items action on a launcher pod the backup held")
+		ora, err := plugins.GetRestoreItemActionV2(veleroplugin.OwnedRestoreActionName)
+		Expect(err).NotTo(HaveOccurred())
+		launcher := &unstructured.Unstructured{}
+		launcher.SetAPIVersion("v1")
+		launcher.SetKind("Pod")
+		launcher.SetNamespace(vm.namespace)
+		launcher.SetName("virt-launcher-" + vm.name + "-abcde")
+		launcher.SetLabels(map[string]string{kubevirtv1.AppLabel: "virt-launcher"})
+		out, err = ora.Execute(&velero.RestoreItemActionExecuteInput{Item: restoring(launcher), ItemFromBackup: launcher, Restore: r})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out.SkipRestore).To(BeTrue(), "KubeVirt makes the launcher pod again")
 
 		By("Velero's restore calling the restore item action on the saved VM")
 		ria, err := plugins.GetRestoreItemActionV2(veleroplugin.RestoreActionName)
