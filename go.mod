@@ -66,6 +66,7 @@ require (
 	k8s.io/apiextensions-apiserver v0.33.5
 	k8s.io/apimachinery v0.33.5
 	k8s.io/client-go v12.0.0+incompatible
+	k8s.io/cri-api v0.33.5
 	k8s.io/klog/v2 v2.130.1
 	k8s.io/kubelet v0.33.5
 	k8s.io/utils v0.0.0-20241210054802-24370beab758

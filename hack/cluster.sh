@@ -355,7 +355,9 @@ node_main() {
 	start_daemon kube-scheduler "${kube}/kube-scheduler" \
 		--kubeconfig="${ETC}/admin.kubeconfig" --bind-address=127.0.0.1 --leader-elect=false --profiling=false
 	start_daemon containerd containerd --config "${ETC}/containerd.toml"
-	wait_for containerd 30 ctr --address /run/containerd/containerd.sock version
+	# containerd's own API answers before its CRI server is initialized;
+	# kubelet exits if it starts in between.
+	wait_for containerd 30 "${CLUSTER_DIR}/bin/criready" /run/containerd/containerd.sock
 	start_daemon kubelet "${kube}/kubelet" --config="${ETC}/kubelet.yaml" \
 		--kubeconfig="${ETC}/kubelet.kubeconfig" --root-dir=/var/lib/kubelet \
 		--node-ip="${NODE_IP}" --hostname-override="${NODE_NAME}"
@@ -481,8 +483,8 @@ up() {
 	write_config
 	make_cgroups
 	local nodeinit="${CLUSTER_DIR}/bin/nodeinit"
-	(cd "${QCOW2_ROOT}" && CGO_ENABLED=0 go build -trimpath -o "${CLUSTER_DIR}/bin/" ./hack/nodeinit ./cmd/oci-image) ||
-		fail_up "cannot build hack/nodeinit and cmd/oci-image"
+	(cd "${QCOW2_ROOT}" && CGO_ENABLED=0 go build -trimpath -o "${CLUSTER_DIR}/bin/" ./hack/nodeinit ./hack/criready ./cmd/oci-image) ||
+		fail_up "cannot build hack/nodeinit, hack/criready and cmd/oci-image"
 	# nodeinit without arguments is the pod sandboxes' pause program.
 	"${CLUSTER_DIR}/bin/oci-image" --out "${CLUSTER_DIR}/images/pause" --ref "${PAUSE_IMAGE}" \
 		--archive "${CLUSTER_DIR}/pause.tar" --file "${nodeinit}:/pause:0755" --entrypoint /pause \
