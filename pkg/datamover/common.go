@@ -105,6 +105,18 @@ func apiFailure(err error, format string, args ...any) error {
 	return wrapped
 }
 
+// getLatest reads an object through the controller's cache and, when the
+// cache lacks it, from the API server: an object this controller created a
+// moment ago may not have reached the cache yet (its watch and the owner's
+// are not ordered), so only the API server's NotFound means it is gone.
+func getLatest(ctx context.Context, cached client.Client, api client.Reader, key client.ObjectKey, obj client.Object) error {
+	err := cached.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) {
+		return api.Get(ctx, key, obj)
+	}
+	return err
+}
+
 // availableLocation finds the named location and requires it Available;
 // a missing location is fatal, an unavailable one is waited for.
 func availableLocation(ctx context.Context, c client.Reader, namespace, name string, poll time.Duration) (*velerov1.BackupStorageLocation, error) {

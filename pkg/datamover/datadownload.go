@@ -313,7 +313,7 @@ func (r *DataDownloadReconciler) restore(ctx context.Context, j *downloadJob) er
 	message, kept := j.dd.Annotations[AnnotationRestoreResult]
 	if !kept {
 		pod := &corev1.Pod{}
-		if err := r.Client.Get(ctx, j.key(), pod); err != nil {
+		if err := getLatest(ctx, r.Client, r.Reader, j.key(), pod); err != nil {
 			if apierrors.IsNotFound(err) {
 				return fatal("restore pod %s disappeared", j.key())
 			}

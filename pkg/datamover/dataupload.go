@@ -334,7 +334,7 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 		return err
 	}
 	u := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
-	if err := r.Client.Get(ctx, j.key(), u); apierrors.IsNotFound(err) {
+	if err := getLatest(ctx, r.Client, r.Reader, j.key(), u); apierrors.IsNotFound(err) {
 		return r.startBackup(ctx, j, bsl)
 	} else if err != nil {
 		return fmt.Errorf("get VirtualMachineBackup %s: %w", j.key(), err)
@@ -466,7 +466,7 @@ func (r *DataUploadReconciler) planOptions(j *uploadJob, tracker *kubevirtbackup
 func (r *DataUploadReconciler) ensureTracker(ctx context.Context, j *uploadJob) (*kubevirtbackup.VMBackupTracker, error) {
 	key := client.ObjectKey{Namespace: j.vm.Namespace, Name: trackerName(j.vm.Name)}
 	u := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupTrackerGVK)
-	err := r.Client.Get(ctx, key, u)
+	err := getLatest(ctx, r.Client, r.Reader, key, u)
 	if err == nil {
 		t := &kubevirtbackup.VMBackupTracker{}
 		if err := kubevirtbackup.FromUnstructured(u, t); err != nil {
@@ -576,14 +576,14 @@ func parseDisks(s string) ([]mover.Disk, map[string]string, error) {
 // upload runs the upload pod and finishes with its result.
 func (r *DataUploadReconciler) upload(ctx context.Context, j *uploadJob) error {
 	u := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
-	if err := r.Client.Get(ctx, j.key(), u); err != nil {
+	if err := getLatest(ctx, r.Client, r.Reader, j.key(), u); err != nil {
 		if apierrors.IsNotFound(err) {
 			return fatal("VirtualMachineBackup %s disappeared", j.key())
 		}
 		return fmt.Errorf("get VirtualMachineBackup %s: %w", j.key(), err)
 	}
 	pod := &corev1.Pod{}
-	if err := r.Client.Get(ctx, j.moverKey(), pod); apierrors.IsNotFound(err) {
+	if err := getLatest(ctx, r.Client, r.Reader, j.moverKey(), pod); apierrors.IsNotFound(err) {
 		if j.du.Status.Phase == velerov2.DataUploadPhaseInProgress {
 			return fatal("upload pod %s disappeared", j.moverKey())
 		}
@@ -709,7 +709,7 @@ func (r *DataUploadReconciler) uploadOptions(ctx context.Context, j *uploadJob, 
 		return opts, err
 	}
 	t := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupTrackerGVK)
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: j.vm.Namespace, Name: vmb.Spec.Source.Name}, t); err == nil {
+	if err := getLatest(ctx, r.Client, r.Reader, client.ObjectKey{Namespace: j.vm.Namespace, Name: vmb.Spec.Source.Name}, t); err == nil {
 		if opts.TrackerJSON, err = archiveJSON(t); err != nil {
 			return opts, err
 		}

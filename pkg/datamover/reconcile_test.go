@@ -20,6 +20,7 @@ package datamover
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -31,6 +32,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	testingclock "k8s.io/utils/clock/testing"
@@ -70,6 +73,9 @@ type step struct {
 	cleaned bool
 	// then checks more of what the reconcile left.
 	then func(*stepper)
+	// unseen are kinds of objs the controller's cache has not seen yet:
+	// its cached client finds none of them, its API reader does.
+	unseen []client.Object
 	// ends is the end the metrics counted, if any, at location (when
 	// not "default"); bytes and transfer are the bytes and the transfer
 	// time counted with it.
@@ -113,6 +119,31 @@ func newStepper(s step, owner client.Object) *stepper {
 	return &stepper{ctx: context.Background(), c: fakeAPI(nil, append(append(objs, s.objs...), owner)...),
 		clock: testingclock.NewFakePassiveClock(created.Add(after)), recorder: record.NewFakeRecorder(100),
 		store: objectstoretest.NewMemory(), registry: registry, metrics: metrics}
+}
+
+// cached is the controller's cached client: the API server's objects but
+// those of kinds unseen.
+func (t *stepper) cached(unseen []client.Object) client.Client {
+	if len(unseen) == 0 {
+		return t.c
+	}
+	return staleCache{Client: t.c, unseen: unseen}
+}
+
+// staleCache is a cache whose watches of some kinds lag behind the API
+// server: their objects are not found yet.
+type staleCache struct {
+	client.Client
+	unseen []client.Object
+}
+
+func (c staleCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	for _, kind := range c.unseen {
+		if sameKind(kind, obj) {
+			return apierrors.NewNotFound(schema.GroupResource{Resource: fmt.Sprintf("%T", obj)}, key.Name)
+		}
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
 }
 
 func (t *stepper) repository(*location) (*backup.Repository, error) {
@@ -368,7 +399,7 @@ var _ = Describe("the DataUpload state machine", func() {
 	DescribeTable("moves one step per reconcile",
 		func(du *velerov2.DataUpload, s step) {
 			t := newStepper(s, du)
-			r := &DataUploadReconciler{Client: t.c, Reader: t.c, Recorder: t.recorder, Config: Config{Identity: "node-1"},
+			r := &DataUploadReconciler{Client: t.cached(s.unseen), Reader: t.c, Recorder: t.recorder, Config: Config{Identity: "node-1"},
 				Now: t.clock.Now, Metrics: t.metrics, openRepository: t.repository}
 			r.Config.defaults()
 
@@ -489,6 +520,13 @@ var _ = Describe("the DataUpload state machine", func() {
 			objs:  []client.Object{vmBackup(nil), moverPod(uploadChild, corev1.PodRunning, "")},
 			phase: "InProgress", message: "^upload pod velero/kubevirt-backup-nightly-db is running$", event: "Normal UploadStarted",
 			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("Prepared: a pod and a VirtualMachineBackup not in the cache yet are read from the API server", newUpload(velerov2.DataUploadPhasePrepared), step{
+			objs: []client.Object{vmBackup(nil), moverPod(uploadChild, corev1.PodRunning, "")}, unseen: []client.Object{&corev1.Pod{}, &unstructured.Unstructured{}},
+			phase: "InProgress", message: "^upload pod velero/kubevirt-backup-nightly-db is running$", event: "Normal UploadStarted",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("InProgress: a pod not in the cache yet is read from the API server", newUpload(velerov2.DataUploadPhaseInProgress), step{
+			objs: []client.Object{vmBackup(nil), moverPod(uploadChild, corev1.PodRunning, "")}, unseen: []client.Object{&corev1.Pod{}},
+			phase: "InProgress", result: ctrl.Result{RequeueAfter: left}}),
 		Entry("InProgress: the pod succeeded", startedAt(newUpload(velerov2.DataUploadPhaseInProgress)), step{
 			objs: append(uploadTemporaries()[1:], moverPod(uploadChild, corev1.PodSucceeded,
 				`{"checkpoint":"cp-1","type":"full","bytes":42,"path":"checkpoints/prod/db/cp-1"}`)),
@@ -558,7 +596,7 @@ var _ = Describe("the DataDownload state machine", func() {
 			if stored {
 				storeBackup(t.ctx, t)
 			}
-			r := &DataDownloadReconciler{Client: t.c, Reader: t.c, Recorder: t.recorder, Config: Config{Identity: "node-1"},
+			r := &DataDownloadReconciler{Client: t.cached(s.unseen), Reader: t.c, Recorder: t.recorder, Config: Config{Identity: "node-1"},
 				Now: t.clock.Now, Metrics: t.metrics, openRepository: t.repository}
 			r.Config.defaults()
 
@@ -605,6 +643,10 @@ var _ = Describe("the DataDownload state machine", func() {
 			event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Prepared: the pod runs", newDownload(velerov2.DataDownloadPhasePrepared), false, step{
 			objs:  []client.Object{restorePod(corev1.PodRunning, "")},
+			phase: "InProgress", message: "^restore pod velero/kubevirt-restore-restore-db is running$", event: "Normal RestoreStarted",
+			result: ctrl.Result{RequeueAfter: left}}),
+		Entry("Prepared: a pod not in the cache yet is read from the API server", newDownload(velerov2.DataDownloadPhasePrepared), false, step{
+			objs: []client.Object{restorePod(corev1.PodRunning, "")}, unseen: []client.Object{&corev1.Pod{}},
 			phase: "InProgress", message: "^restore pod velero/kubevirt-restore-restore-db is running$", event: "Normal RestoreStarted",
 			result: ctrl.Result{RequeueAfter: left}}),
 		Entry("InProgress: the pod succeeded: its result is kept, the volume held, pod and claim deleted", newDownload(velerov2.DataDownloadPhaseInProgress), false, step{
