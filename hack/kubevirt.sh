@@ -23,7 +23,7 @@
 #   export    write the tree's commits back into patches/ (byte-stable)
 #   build     build the KubeVirt binaries from the tree into _out/
 #   test      KubeVirt's unit tests of every package the series touches,
-#             patched against pristine
+#             patched against pristine (pristine results cached per package)
 # Each step is idempotent. KUBEVIRT_VERSION picks the KubeVirt release and
 # its series (v1.7.0, the default, or v1.8.0); paths come from common.sh
 # and may be overridden through the environment (KUBEVIRT_TREE,
@@ -170,20 +170,47 @@ touched_packages() {
 # Runs the unit tests of dirs (relative to a tree; staging dirs resolve to
 # their own module through go.work) and leaves one `go test -json` stream per
 # package in $2, plus a Ginkgo JSON report where the package is a Ginkgo suite.
+# With a cache directory $3, a package's results found there are taken from
+# it, and those run are kept there.
 run_unit_tests() {
-	local tree=$1 out=$2 dir name args
-	shift 2
+	local tree=$1 out=$2 cache=$3 dir name args
+	shift 3
 	rm -rf "${out}"
 	mkdir -p "${out}"
 	for dir in "$@"; do
 		[[ -d ${tree}/${dir} ]] || continue
 		name=${dir//\//_}
+		# The stream is kept last: it marks the package's results complete.
+		if [[ -n ${cache} && -f ${cache}/${name}.json ]]; then
+			cp "${cache}/${name}".* "${out}/"
+			continue
+		fi
 		args=()
 		if grep -qs 'github.com/onsi/ginkgo/v2' "${tree}/${dir}"/*_test.go; then
 			args=(-args "-ginkgo.json-report=${out}/${name}.ginkgo.json")
 		fi
 		tree_go "${tree}" "${dir}" test -json -count=1 . "${args[@]}" >"${out}/${name}.json" 2>&1 || true
+		if [[ -n ${cache} ]]; then
+			mkdir -p "${cache}"
+			[[ ! -f ${out}/${name}.ginkgo.json ]] || cp "${out}/${name}.ginkgo.json" "${cache}/"
+			cp "${out}/${name}.json" "${cache}/${name}.json.new"
+			mv "${cache}/${name}.json.new" "${cache}/${name}.json"
+		fi
 	done
+}
+
+# pristine_cache is where the pristine tree's test results are kept: they
+# depend only on that tree, the Go toolchain, the machine and the stubs, so
+# each package runs once, not in every `make test` (about half its time).
+pristine_cache() {
+	local key
+	key=$({
+		tree_git rev-parse "${BASE_TAG}^{tree}"
+		go version
+		uname -srm
+		(cd "${QCOW2_ROOT}" && find hack/stubs -type f -print0 | sort -z | xargs -0 -r sha256sum)
+	} | sha256sum | cut -c1-16)
+	echo "${QCOW2_CACHE}/kubevirt-tests/${KUBEVIRT_VERSION}-pristine-${key}"
 }
 
 test_upstream() {
@@ -202,8 +229,8 @@ test_upstream() {
 	local reports="${KUBEVIRT_OUT}/upstream-tests"
 	mkdir -p "${reports}"
 	log "KubeVirt unit tests of ${#dirs[@]} touched packages: ${dirs[*]}"
-	run_unit_tests "${pristine}" "${reports}/pristine" "${dirs[@]}"
-	run_unit_tests "${KUBEVIRT_TREE}" "${reports}/patched" "${dirs[@]}"
+	run_unit_tests "${pristine}" "${reports}/pristine" "$(pristine_cache)" "${dirs[@]}"
+	run_unit_tests "${KUBEVIRT_TREE}" "${reports}/patched" "" "${dirs[@]}"
 	(cd "${QCOW2_ROOT}" && go run ./hack/testdiff "${reports}/pristine" "${reports}/patched")
 }
 
