@@ -21,6 +21,7 @@ package datamover
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -47,6 +48,7 @@ import (
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore/objectstoretest"
 )
 
@@ -573,6 +575,28 @@ var _ = Describe("the DataUpload state machine", func() {
 		Expect(r.Reconcile(t.ctx, request(du))).To(Equal(ctrl.Result{}))
 		Expect(t.lastEvent()).To(BeEmpty())
 	})
+
+	It("plans an incremental from a tracker its cache has not seen yet", func() {
+		tracker, err := kubevirtbackup.ToUnstructured(&kubevirtbackup.VMBackupTracker{ObjectMeta: inProd(trackerName("db")),
+			Spec: kubevirtbackup.VMBackupTrackerSpec{Source: corev1.TypedLocalObjectReference{
+				APIGroup: ptr.To(kubevirtv1.SchemeGroupVersion.Group), Kind: "VirtualMachine", Name: "db"}},
+			Status: &kubevirtbackup.VMBackupTrackerStatus{LatestCheckpoint: &kubevirtbackup.BackupCheckpoint{Name: "cp-1"}},
+		}, kubevirtbackup.VMBackupTrackerGVK)
+		Expect(err).NotTo(HaveOccurred())
+		du := newUpload(velerov2.DataUploadPhaseAccepted)
+		s := step{objs: []client.Object{tracker}, unseen: []client.Object{&unstructured.Unstructured{}}}
+		t := newStepper(s, du)
+		storeBackup(t.ctx, t)
+		r := &DataUploadReconciler{Client: t.cached(s.unseen), Reader: t.c, Recorder: t.recorder, Now: t.clock.Now, openRepository: t.repository}
+		r.Config.defaults()
+
+		_, err = r.Reconcile(t.ctx, request(du))
+		Expect(err).NotTo(HaveOccurred())
+		vmb := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
+		Expect(t.c.Get(t.ctx, client.ObjectKey{Namespace: "prod", Name: uploadChild}, vmb)).To(Succeed())
+		Expect(vmb.GetAnnotations()).To(HaveKeyWithValue(AnnotationPlanType, string(catalog.Incremental)))
+		Expect(vmb.GetAnnotations()).To(HaveKeyWithValue(AnnotationPlanParent, "cp-1"))
+	})
 })
 
 // storeBackup puts backup nightly of prod/db, one full checkpoint of disk
@@ -580,9 +604,12 @@ var _ = Describe("the DataUpload state machine", func() {
 func storeBackup(ctx context.Context, t *stepper) {
 	repo := backup.NewRepository(t.store)
 	vm := catalog.VM{Namespace: "prod", Name: "db"}
-	_, err := repo.Catalog.UpdateVMIndex(ctx, vm, func(idx *catalog.VMIndex) error {
+	const disk = "checkpoints/prod/db/cp-1/cp-1-db-root.qcow2"
+	_, err := t.store.Put(ctx, disk, strings.NewReader("disk"), 4, objectstore.PutOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	_, err = repo.Catalog.UpdateVMIndex(ctx, vm, func(idx *catalog.VMIndex) error {
 		idx.Checkpoints = append(idx.Checkpoints, catalog.CheckpointEntry{ID: "cp-1", Type: catalog.Full,
-			Files: []catalog.FileEntry{{DiskName: "db-root"}}})
+			Files: []catalog.FileEntry{{DiskName: "db-root", ObjectPath: disk, Size: 4}}})
 		return nil
 	})
 	Expect(err).NotTo(HaveOccurred())
