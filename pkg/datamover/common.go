@@ -118,10 +118,11 @@ func getLatest(ctx context.Context, cached client.Client, api client.Reader, key
 }
 
 // availableLocation finds the named location and requires it Available;
-// a missing location is fatal, an unavailable one is waited for.
-func availableLocation(ctx context.Context, c client.Reader, namespace, name string, poll time.Duration) (*velerov1.BackupStorageLocation, error) {
+// a location the API server does not have is fatal, an unavailable one is
+// waited for.
+func availableLocation(ctx context.Context, cached client.Client, api client.Reader, namespace, name string, poll time.Duration) (*velerov1.BackupStorageLocation, error) {
 	bsl := &velerov1.BackupStorageLocation{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, bsl); err != nil {
+	if err := getLatest(ctx, cached, api, client.ObjectKey{Namespace: namespace, Name: name}, bsl); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, fatal("backup storage location %s/%s not found", namespace, name)
 		}

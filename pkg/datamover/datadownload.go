@@ -239,7 +239,7 @@ func unrestorable(err error) bool {
 // prepare checks the location, the target and the backup, then creates the
 // intermediate claim and the restore pod.
 func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) error {
-	bsl, err := availableLocation(ctx, r.Client, j.dd.Namespace, j.dd.Spec.BackupStorageLocation, r.Config.PollInterval)
+	bsl, err := availableLocation(ctx, r.Client, r.Reader, j.dd.Namespace, j.dd.Spec.BackupStorageLocation, r.Config.PollInterval)
 	if err != nil {
 		return err
 	}

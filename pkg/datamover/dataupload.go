@@ -329,7 +329,7 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 	} else if ahead != "" {
 		return waitFor("WaitingForVM", 0, "waiting for DataUpload %s of the same VirtualMachine %s", ahead, j.vm)
 	}
-	bsl, err := availableLocation(ctx, r.Client, j.du.Namespace, j.du.Spec.BackupStorageLocation, r.Config.PollInterval)
+	bsl, err := availableLocation(ctx, r.Client, r.Reader, j.du.Namespace, j.du.Spec.BackupStorageLocation, r.Config.PollInterval)
 	if err != nil {
 		return err
 	}
@@ -622,7 +622,7 @@ func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u 
 	if err != nil {
 		return err
 	}
-	bsl, err := availableLocation(ctx, r.Client, j.du.Namespace, j.du.Spec.BackupStorageLocation, r.Config.PollInterval)
+	bsl, err := availableLocation(ctx, r.Client, r.Reader, j.du.Namespace, j.du.Spec.BackupStorageLocation, r.Config.PollInterval)
 	if err != nil {
 		return err
 	}

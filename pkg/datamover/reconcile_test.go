@@ -453,6 +453,10 @@ var _ = Describe("the DataUpload state machine", func() {
 			objs:  append(uploadTemporaries()[:1], vmBackup(vmBackupIs(kubevirtbackup.ConditionFailed, "domain not running", ""))),
 			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db failed: domain not running$",
 			event: "Warning Failed", ends: "Failed", cleaned: true}),
+		Entry("Accepted: a location not in the cache yet is read from the API server", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs: []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1"))}, unseen: []client.Object{&velerov1.BackupStorageLocation{}},
+			phase: "Prepared", message: "^KubeVirt wrote full checkpoint cp-1$", event: "Normal Prepared",
+			result: ctrl.Result{RequeueAfter: left}}),
 		Entry("Accepted: KubeVirt v1.8 wrote the checkpoint", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  []client.Object{vmBackup(vmBackupDone("Successfully completed VirtualMachineBackup", "cp-1"))},
 			phase: "Prepared", message: "^KubeVirt wrote full checkpoint cp-1$", event: "Normal Prepared",
@@ -661,6 +665,10 @@ var _ = Describe("the DataDownload state machine", func() {
 					"the location's own secret, not a copy")
 				Expect(t.exists(&corev1.Secret{ObjectMeta: inProd(downloadChild)})).To(BeFalse())
 			}}),
+		Entry("Accepted: a location not in the cache yet is read from the API server", newDownload(velerov2.DataDownloadPhaseAccepted), true, step{
+			unseen: []client.Object{&velerov1.BackupStorageLocation{}},
+			phase:  "Prepared", message: "^restore pod velero/kubevirt-restore-restore-db writes disk db-root from a chain of 1 into a volume for claim prod/db-root$",
+			event: "Normal Prepared", result: ctrl.Result{RequeueAfter: left}, creates: downloadTemporaries()}),
 		Entry("Accepted: a target claim bound already fails it, naming the claim", newDownload(velerov2.DataDownloadPhaseAccepted), true, step{
 			objs:  []client.Object{userClaim("pvc-other")},
 			phase: "Failed", message: "^target claim prod/db-root is already bound to volume pvc-other: ", event: "Warning Failed", ends: "Failed", cleaned: true}),
