@@ -145,8 +145,8 @@ func start(ctx context.Context, binary, dir, ip string, useTLS bool, posixArgs .
 		}
 		args = append(args, "--cert", cert, "--key", key)
 	}
-	args = append(append(append(args, "posix"), posixArgs...), s.Root)
-	s.cmd = exec.Command(binary, args...)
+	args = append(append(args, "posix"), posixArgs...)
+	s.cmd = exec.Command(binary, append(args, s.Root)...)
 	s.cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY_ID="+s.AccessKey, "ROOT_SECRET_ACCESS_KEY="+s.SecretKey)
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	if err := s.cmd.Start(); err != nil {
