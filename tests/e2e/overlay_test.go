@@ -235,9 +235,9 @@ overlay:
 		Entry("persistent without a target", "overlay: {backingPVC: {claimName: golden-fs}, persistent: true}",
 			"spec.template.spec.volumes[0].overlay.persistent", "requires targetPVC or targetHostPath"),
 		Entry("an unknown backingFormat", "overlay: {backingPVC: {claimName: golden-fs}, backingFormat: vmdk}",
-			"spec.template.spec.volumes[0].overlay.backingFormat", "allowed are 'raw' or 'qcow2'"),
+			"spec.template.spec.volumes[0].overlay.backingFormat", `Unsupported value: "vmdk": supported values: "raw", "qcow2"`),
 		Entry("a host path the cluster does not allow", "overlay: {backingHostPath: {path: /etc/shadow}}",
-			"spec.template.spec.volumes[0].overlay.backingHostPath", "HostDisk"),
+			"spec.template.spec.volumes[0].overlay.backingHostPath", "is not below a directory the cluster allows for golden images"),
 	)
 
 	It("refuses overlays while the OverlayVolumes gate is off", func(ctx SpecContext) {

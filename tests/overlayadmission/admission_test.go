@@ -73,6 +73,17 @@ func newVMI(volumes ...volume) *unstructured.Unstructured {
 	}}
 }
 
+// owner is the name of the VMIs and VMs whose target directories lie
+// under targetPrefixes, <prefix>/<namespace>/<name>/<volume>.
+const owner = "vm1"
+
+// named gives obj the name owner instead of a generated one.
+func named(obj *unstructured.Unstructured) *unstructured.Unstructured {
+	obj.SetGenerateName("")
+	obj.SetName(owner)
+	return obj
+}
+
 func newVM(volumes ...volume) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "kubevirt.io/v1",
@@ -146,13 +157,13 @@ var validOverlays = []TableEntry{
 	Entry("persistent, host path over host path", map[string]any{
 		"backingHostPath": hostPath("/var/lib/images/fedora.raw"),
 		"persistent":      true,
-		"targetHostPath":  hostPath("/var/lib/overlays/vm1"),
+		"targetHostPath":  hostPath("/var/lib/overlays/default/vm1/rootdisk"),
 	}),
 	Entry("persistent, host path over a qcow2 claim", map[string]any{
 		"backingPVC":     claim("golden-fedora-qcow2"),
 		"backingFormat":  "qcow2",
 		"persistent":     true,
-		"targetHostPath": hostPath("/var/lib/overlays/vm2"),
+		"targetHostPath": hostPath("/var/lib/overlays/default/vm1/rootdisk"),
 	}),
 	Entry("persistent, claim over a host path", map[string]any{
 		"backingHostPath": hostPath("/var/lib/images/fedora.raw"),
@@ -185,7 +196,7 @@ var refusals = []TableEntry{
 		"backingPVC":     claim("golden"),
 		"persistent":     true,
 		"targetPVC":      claim("delta"),
-		"targetHostPath": hostPath("/var/lib/overlays/vm1"),
+		"targetHostPath": hostPath("/var/lib/overlays/default/vm1/rootdisk"),
 	}, "spec.volumes[0].overlay.targetHostPath", "must not be set together with targetPVC")),
 	Entry("persistent without a target", single(map[string]any{
 		"backingPVC": claim("golden"),
@@ -198,12 +209,8 @@ var refusals = []TableEntry{
 	Entry("a target host path with persistent false", single(map[string]any{
 		"backingPVC":     claim("golden"),
 		"persistent":     false,
-		"targetHostPath": hostPath("/var/lib/overlays/vm1"),
+		"targetHostPath": hostPath("/var/lib/overlays/default/vm1/rootdisk"),
 	}, "spec.volumes[0].overlay.targetHostPath", "requires spec.volumes[0].overlay.persistent to be true")),
-	Entry("an unknown backingFormat", single(map[string]any{
-		"backingPVC":    claim("golden"),
-		"backingFormat": "vmdk",
-	}, "spec.volumes[0].overlay.backingFormat", "invalid value 'vmdk', allowed are 'raw' or 'qcow2'")),
 	Entry("a relative backing host path", single(map[string]any{
 		"backingHostPath": hostPath("images/fedora.raw"),
 	}, "spec.volumes[0].overlay.backingHostPath.path", "must be an absolute path")),
@@ -238,22 +245,36 @@ var refusals = []TableEntry{
 	}, "spec.volumes[0].overlay.targetPVC.claimName", "must not be the claim of the backing")),
 	Entry("a sensitive host file outside every allowed prefix", single(map[string]any{
 		"backingHostPath": hostPath("/etc/shadow"),
-	}, "spec.volumes[0].overlay.backingHostPath.path", "is not under a directory the cluster allows for overlays")),
+	}, "spec.volumes[0].overlay.backingHostPath.path", "is not below a directory the cluster allows for golden images")),
 	Entry("a system directory as target outside every allowed prefix", single(map[string]any{
 		"backingPVC":     claim("golden"),
 		"persistent":     true,
 		"targetHostPath": hostPath("/etc/systemd/system"),
-	}, "spec.volumes[0].overlay.targetHostPath.path", "is not under a directory the cluster allows for overlays")),
-	Entry("a target directory that holds the backing", single(map[string]any{
+	}, "spec.volumes[0].overlay.targetHostPath.path", "must be <prefix>/<namespace>/<VM name>/<volume name>")),
+	Entry("a target directory among the golden images", single(map[string]any{
 		"backingHostPath": hostPath("/var/lib/images/fedora.raw"),
 		"persistent":      true,
 		"targetHostPath":  hostPath("/var/lib/images"),
-	}, "spec.volumes[0].overlay.targetHostPath.path", "must neither be nor contain the backing")),
-	Entry("a target directory that is the backing", single(map[string]any{
-		"backingHostPath": hostPath("/var/lib/images/fedora.raw"),
-		"persistent":      true,
-		"targetHostPath":  hostPath("/var/lib/images/fedora.raw"),
-	}, "spec.volumes[0].overlay.targetHostPath.path", "must neither be nor contain the backing")),
+	}, "spec.volumes[0].overlay.targetHostPath.path", "must be <prefix>/<namespace>/<VM name>/<volume name>")),
+	Entry("the target prefix itself, shared by every VM", single(map[string]any{
+		"backingPVC":     claim("golden"),
+		"persistent":     true,
+		"targetHostPath": hostPath("/var/lib/overlays"),
+	}, "spec.volumes[0].overlay.targetHostPath.path", "must be <prefix>/<namespace>/<VM name>/<volume name>")),
+	Entry("another VM's target directory", single(map[string]any{
+		"backingPVC":     claim("golden"),
+		"persistent":     true,
+		"targetHostPath": hostPath("/var/lib/overlays/default/vm2/rootdisk"),
+	}, "spec.volumes[0].overlay.targetHostPath.path", "the directory of this VM's volume: a target directory belongs to one VM")),
+	Entry("the target directory of a VM in another namespace", single(map[string]any{
+		"backingPVC":     claim("golden"),
+		"persistent":     true,
+		"targetHostPath": hostPath("/var/lib/overlays/tenant-b/vm1/rootdisk"),
+	}, "spec.volumes[0].overlay.targetHostPath.path", "the directory of this VM's volume: a target directory belongs to one VM")),
+	Entry("a backing in another VM's target directory", single(map[string]any{
+		"backingHostPath": hostPath("/var/lib/overlays/tenant-b/vm2/rootdisk/disk.qcow2"),
+		"backingFormat":   "qcow2",
+	}, "spec.volumes[0].overlay.backingHostPath.path", "must not overlap the directory for overlays '/var/lib/overlays'")),
 	Entry("a read-only target claim", single(map[string]any{
 		"backingPVC": claim("golden"),
 		"persistent": true,
@@ -269,13 +290,6 @@ var refusals = []TableEntry{
 			{"name": "datadisk", "persistentVolumeClaim": claim("data")},
 		},
 		field: "spec.volumes[0].overlay.targetPVC.claimName", message: "is also used by spec.volumes[1]",
-	}),
-	Entry("two overlays sharing a target directory", refusal{
-		volumes: []volume{
-			overlayVolume("rootdisk", map[string]any{"backingPVC": claim("golden"), "persistent": true, "targetHostPath": hostPath("/var/lib/overlays/vm1")}),
-			overlayVolume("seconddisk", map[string]any{"backingPVC": claim("golden"), "persistent": true, "targetHostPath": hostPath("/var/lib/overlays/vm1")}),
-		},
-		field: "spec.volumes[1].overlay.targetHostPath.path", message: "is also the target of spec.volumes[0]",
 	}),
 	Entry("a backing claim another volume attaches writable", refusal{
 		volumes: []volume{
@@ -305,7 +319,7 @@ func templated(text string) string {
 var _ = Describe("overlay volume admission with the OverlayVolumes gate enabled", func() {
 	Context("a VirtualMachineInstance", func() {
 		DescribeTable("is admitted and keeps its overlay", func(overlay map[string]any) {
-			created, err := create(vmiResource, newVMI(overlayVolume("rootdisk", overlay)))
+			created, err := create(vmiResource, named(newVMI(overlayVolume("rootdisk", overlay))))
 			Expect(err).ToNot(HaveOccurred())
 
 			got, err := client.Resource(vmiResource).Namespace(testNamespace).Get(context.Background(), created.GetName(), metav1.GetOptions{})
@@ -321,6 +335,13 @@ var _ = Describe("overlay volume admission with the OverlayVolumes gate enabled"
 			Expect(err).To(refusedBy(vmiWebhookName, r.field, r.message))
 		}, refusals)
 
+		// The CRD's schema knows the formats: the API server refuses
+		// another before any webhook sees it.
+		It("is refused by the schema for an unknown backingFormat", func() {
+			_, err := create(vmiResource, newVMI(overlayVolume("rootdisk", map[string]any{"backingPVC": claim("golden"), "backingFormat": "vmdk"})))
+			Expect(err).To(MatchError(ContainSubstring(`spec.volumes[0].overlay.backingFormat: Unsupported value: "vmdk": supported values: "raw", "qcow2"`)))
+		})
+
 		// virt-launcher cannot pass an overlay through as a SCSI LUN;
 		// KubeVirt's rule that a LUN maps only to a claim refuses it first.
 		It("is refused as a lun", func() {
@@ -334,7 +355,7 @@ var _ = Describe("overlay volume admission with the OverlayVolumes gate enabled"
 
 	Context("a VirtualMachine", func() {
 		DescribeTable("is admitted and keeps its template's overlay", func(overlay map[string]any) {
-			created, err := create(vmResource, newVM(overlayVolume("rootdisk", overlay)))
+			created, err := create(vmResource, named(newVM(overlayVolume("rootdisk", overlay))))
 			Expect(err).ToNot(HaveOccurred())
 
 			got, err := client.Resource(vmResource).Namespace(testNamespace).Get(context.Background(), created.GetName(), metav1.GetOptions{})
@@ -377,7 +398,7 @@ var _ = Describe("overlay volume admission with the OverlayVolumes gate disabled
 			return dryRun(vmiResource, newVMI(overlayVolume("rootdisk", valid)))
 		}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).ShouldNot(Succeed())
 		DeferCleanup(func() {
-			setFeatureGates(overlayGate, hostDiskGate)
+			setFeatureGates(overlayGate)
 			Eventually(func() error {
 				return dryRun(vmiResource, newVMI(overlayVolume("rootdisk", valid)))
 			}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
@@ -412,36 +433,32 @@ var _ = Describe("overlay host paths are the cluster administrator's decision", 
 	}
 
 	AfterAll(func() {
-		setFeatureGates(overlayGate, hostDiskGate)
-		setHostPathPrefixes(hostPathPrefixes...)
+		setFeatureGates(overlayGate)
+		setHostPathPrefixes(backingPrefixes, targetPrefixes)
 		until(true)
 	})
 
-	It("refuses host paths without the HostDisk gate, naming it, and still admits claims", func() {
-		setFeatureGates(overlayGate)
+	It("refuses every host path while no prefix is allowed, the default, naming the KubeVirt CR's fields, and still admits claims", func() {
+		setHostPathPrefixes(nil, nil)
 		until(false)
 		_, err := create(vmiResource, newVMI(overlayVolume("rootdisk", underPrefix)))
-		Expect(err).To(refusedBy(vmiWebhookName, "spec.volumes[0].overlay.backingHostPath.path", "host paths need the HostDisk feature gate"))
+		Expect(err).To(refusedBy(vmiWebhookName, "spec.volumes[0].overlay.backingHostPath.path", "spec.configuration.overlayVolumes.backingHostPathPrefixes"))
+		_, err = create(vmResource, newVM(overlayVolume("rootdisk", underPrefix)))
+		Expect(err).To(refusedBy(vmWebhookName, "spec.template.spec.volumes[0].overlay.backingHostPath.path", "spec.configuration.overlayVolumes.backingHostPathPrefixes"))
+		_, err = create(vmiResource, named(newVMI(overlayVolume("rootdisk", map[string]any{
+			"backingPVC": claim("golden"), "persistent": true, "targetHostPath": hostPath("/var/lib/overlays/default/vm1/rootdisk"),
+		}))))
+		Expect(err).To(refusedBy(vmiWebhookName, "spec.volumes[0].overlay.targetHostPath.path", "spec.configuration.overlayVolumes.targetHostPathPrefixes"))
 		_, err = create(vmiResource, newVMI(overlayVolume("rootdisk", overClaim)))
 		Expect(err).ToNot(HaveOccurred())
 	})
 
-	It("refuses every host path while no prefix is allowed, the default, naming the KubeVirt CR's field", func() {
-		setFeatureGates(overlayGate, hostDiskGate)
-		setHostPathPrefixes()
-		until(false)
-		_, err := create(vmiResource, newVMI(overlayVolume("rootdisk", underPrefix)))
-		Expect(err).To(refusedBy(vmiWebhookName, "spec.volumes[0].overlay.backingHostPath.path", "spec.configuration.overlayVolumes.allowedHostPathPrefixes"))
-		_, err = create(vmResource, newVM(overlayVolume("rootdisk", underPrefix)))
-		Expect(err).To(refusedBy(vmWebhookName, "spec.template.spec.volumes[0].overlay.backingHostPath.path", "spec.configuration.overlayVolumes.allowedHostPathPrefixes"))
-	})
-
-	It("admits a host path once the administrator allows its directory, and only there", func() {
-		setHostPathPrefixes("/var/lib/images")
+	It("admits a host path once the administrator allows its directory, and only there, without the HostDisk gate", func() {
+		setHostPathPrefixes([]string{"/var/lib/images"}, nil)
 		until(true)
 		_, err := create(vmiResource, newVMI(overlayVolume("rootdisk", underPrefix)))
 		Expect(err).ToNot(HaveOccurred())
 		_, err = create(vmiResource, newVMI(overlayVolume("rootdisk", map[string]any{"backingHostPath": hostPath("/var/lib/images-old/fedora.raw")})))
-		Expect(err).To(refusedBy(vmiWebhookName, "spec.volumes[0].overlay.backingHostPath.path", "is not under a directory the cluster allows for overlays"))
+		Expect(err).To(refusedBy(vmiWebhookName, "spec.volumes[0].overlay.backingHostPath.path", "is not below a directory the cluster allows for golden images"))
 	})
 })

@@ -58,7 +58,6 @@ const (
 	kubeVirtName      = "kubevirt"
 	testNamespace     = "default"
 	overlayGate       = "OverlayVolumes"
-	hostDiskGate      = "HostDisk"
 
 	// Webhook paths as virt-api serves them (components.VMICreateValidatePath
 	// and components.VMValidatePath), without the leading '/' that envtest
@@ -192,14 +191,16 @@ func webhookConfiguration() *admissionv1.ValidatingWebhookConfiguration {
 	}
 }
 
-// hostPathPrefixes are the node directories the suite's KubeVirt CR allows
-// overlay host paths under: wide, so that the refusals of the kubelet's and
-// KubeVirt's own directories beneath them are exercised too.
-var hostPathPrefixes = []string{"/var/lib", "/var/run"}
+// The node directories the suite's KubeVirt CR allows overlay host paths
+// under: golden images, and VMs' overlays.
+var (
+	backingPrefixes = []string{"/var/lib/images"}
+	targetPrefixes  = []string{"/var/lib/overlays"}
+)
 
 // createKubeVirt creates the KubeVirt CR the webhook's cluster configuration
-// follows, deployed, with the OverlayVolumes and HostDisk gates enabled and
-// hostPathPrefixes allowed.
+// follows, deployed, with the OverlayVolumes gate enabled and the host path
+// prefixes allowed.
 func createKubeVirt(server *apiserver.Server) {
 	ctx := context.Background()
 	core, err := kubernetes.NewForConfig(server.Config)
@@ -213,8 +214,11 @@ func createKubeVirt(server *apiserver.Server) {
 		"metadata":   map[string]any{"name": kubeVirtName, "namespace": kubeVirtNamespace},
 		"spec": map[string]any{
 			"configuration": map[string]any{
-				"developerConfiguration": map[string]any{"featureGates": []any{overlayGate, hostDiskGate}},
-				"overlayVolumes":         map[string]any{"allowedHostPathPrefixes": anySlice(hostPathPrefixes)},
+				"developerConfiguration": map[string]any{"featureGates": []any{overlayGate}},
+				"overlayVolumes": map[string]any{
+					"backingHostPathPrefixes": anySlice(backingPrefixes),
+					"targetHostPathPrefixes":  anySlice(targetPrefixes),
+				},
 			},
 		},
 	}}
@@ -234,9 +238,10 @@ func setFeatureGates(gates ...string) {
 }
 
 // setHostPathPrefixes replaces the prefixes the KubeVirt CR allows overlay
-// host paths under.
-func setHostPathPrefixes(prefixes ...string) {
-	setKubeVirtList(prefixes, "overlayVolumes", "allowedHostPathPrefixes")
+// host paths under, backings' and targets'.
+func setHostPathPrefixes(backing, target []string) {
+	setKubeVirtList(backing, "overlayVolumes", "backingHostPathPrefixes")
+	setKubeVirtList(target, "overlayVolumes", "targetHostPathPrefixes")
 }
 
 func setKubeVirtList(values []string, configPath ...string) {

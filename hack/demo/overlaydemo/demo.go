@@ -298,7 +298,8 @@ func (d *demo) writeVMI(v *vm) error {
 	overlay := []string{"backingHostPath: {path: " + d.golden + "}", "backingFormat: raw"}
 	v.overlay = v.launcher.Host(testenv.OverlayEphemeralImage(volume))
 	if v.persistent {
-		target := filepath.Join(d.WorkDir, "node", v.name)
+		// The node directory a cluster would allow: <prefix>/<namespace>/<VM name>/<volume name>.
+		target := filepath.Join(d.WorkDir, "node", "demo", v.name, volume)
 		v.launcher.Maps[testenv.OverlayTargetDir(volume)] = target
 		v.overlay = filepath.Join(target, "disk.qcow2")
 		overlay = append(overlay, "persistent: true", "targetHostPath: {path: "+target+"}")
