@@ -129,10 +129,19 @@ var _ = Describe("deploy/kubevirt", Ordered, func() {
 	})
 
 	It("enables the feature gates and keeps the rest of the KubeVirt CR", func() {
-		Expect(featureGates(ctx, c)).To(ConsistOf("OverlayVolumes", "HotplugVolumes", "HotplugContainerDisk", "Sidecar", "ThinOverlayVolumes"))
+		Expect(featureGates(ctx, c)).To(ConsistOf("OverlayVolumes", "HotplugVolumes", "HotplugContainerDisk", "ThinOverlayVolumes"))
 		kv := upstreamKubeVirt()
 		Expect(c.Get(ctx, client.ObjectKeyFromObject(kv), kv)).To(Succeed())
 		Expect(kv.Object["spec"]).To(HaveKeyWithValue("imagePullPolicy", "IfNotPresent"))
+	})
+
+	// Sidecar lets every VM author add containers to their launcher pods:
+	// only the hook's variant turns it on, and going back turns it off.
+	It("enables Sidecar only in the hook's variant", func() {
+		framework.ApplyServerSide(ctx, c, framework.Render("kubevirt-hook"))
+		Expect(featureGates(ctx, c)).To(ConsistOf("OverlayVolumes", "HotplugVolumes", "HotplugContainerDisk", "ThinOverlayVolumes", "Sidecar"))
+		framework.ApplyServerSide(ctx, c, framework.Render("kubevirt"))
+		Expect(featureGates(ctx, c)).ToNot(ContainElement("Sidecar"))
 	})
 
 	It("rolls back to the upstream operator and images and an empty list of gates", func() {

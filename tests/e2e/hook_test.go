@@ -83,13 +83,20 @@ func qemuIO(ctx context.Context, vm, cmd string) {
 	Expect(out).To(BeEmpty())
 }
 
-// With the Sidecar gate (deploy/kubevirt), an unpatched KubeVirt's hook API
-// makes the overlays: the hook image from `make images` on the node.
+// With the Sidecar gate (deploy/kubevirt-hook adds it), an unpatched
+// KubeVirt's hook API makes the overlays: the hook image from `make images`
+// on the node.
 var _ = Describe("the overlay hook sidecar", Ordered, func() {
 	const store = "hook-store"
 	var golden, goldenSHA string
 
 	BeforeAll(func(ctx SpecContext) {
+		patchKubeVirtConfig(ctx, `[{"op":"add","path":"/spec/configuration/developerConfiguration/featureGates/-","value":"Sidecar"}]`)
+		// virt-api reads the gates through an informer.
+		Eventually(func() error {
+			_, err := kubectlIn(ctx, hookVMYAML("probe", store, `{"name": "rootdisk", "backing": "disk.img"}`), "create", "--dry-run=server", "-f", "-")
+			return err
+		}).WithContext(ctx).WithTimeout(2 * time.Minute).Should(Succeed())
 		importHookImage(ctx)
 		// The sidecar runs as the launcher's user and makes the persistent
 		// overlays beside the golden image.

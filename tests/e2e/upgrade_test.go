@@ -37,7 +37,7 @@ import (
 // The gates deploy/kubevirt sets, and one the cluster's administrator had
 // set before.
 var (
-	qcow2Gates = []string{"OverlayVolumes", "HotplugVolumes", "HotplugContainerDisk", "Sidecar", "ThinOverlayVolumes"}
+	qcow2Gates = []string{"OverlayVolumes", "HotplugVolumes", "HotplugContainerDisk", "ThinOverlayVolumes"}
 	userGate   = "DownwardMetrics"
 )
 
