@@ -104,11 +104,12 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 		deleteVM(ctx, vm)
 	}, SpecTimeout(10*time.Minute))
 
-	It("refuses, on the node, a host path that a link leads out of the allowed prefixes", func(ctx SpecContext) {
+	It("fails the VMI, ending its pod, for a host path that a link on the node leads out of the allowed prefixes", func(ctx SpecContext) {
 		vm := "hostpath-link"
-		// Admission reads the text, which lies under the prefix.
-		Expect(apply(ctx, vmYAML(vm, "Always", backingHostPath(images+"/link.raw")))).To(Succeed())
-		waitSyncFailed(ctx, vm, "resolves on the node to "+outside+"/golden.raw, which is not below a directory the cluster allows for golden images")
+		// Admission reads the text, which lies under the prefix; the
+		// kubelet mounts what the link leads to.
+		Expect(apply(ctx, vmYAML(vm, "Once", backingHostPath(images+"/link.raw")))).To(Succeed())
+		waitRefusedOnNode(ctx, vm, "resolves on the node to "+outside+"/golden.raw, which is not below a directory the cluster allows for golden images")
 		deleteVM(ctx, vm)
 	}, SpecTimeout(10*time.Minute))
 
@@ -117,9 +118,9 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 		planted := filepath.Join(targetOf(vm), "disk.qcow2")
 		_, err := inNode(ctx, "sh", "-c", "mkdir -p "+targetOf(vm)+" && echo planted > "+planted)
 		Expect(err).ToNot(HaveOccurred())
-		Expect(apply(ctx, vmYAML(vm, "Always", backingHostPath(images+"/golden.raw")+"\n"+
+		Expect(apply(ctx, vmYAML(vm, "Once", backingHostPath(images+"/golden.raw")+"\n"+
 			"  persistent: true\n  targetHostPath: {path: "+targetOf(vm)+"}"))).To(Succeed())
-		waitSyncFailed(ctx, vm, "the directory holds files and is not the virt-launcher's user's")
+		waitRefusedOnNode(ctx, vm, "the directory holds files and is not the virt-launcher's user's")
 		deleteVM(ctx, vm)
 		out, err := inNode(ctx, "sh", "-c", "stat -c %u "+targetOf(vm)+" && cat "+planted)
 		Expect(err).ToNot(HaveOccurred())
@@ -170,18 +171,26 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 	})
 })
 
-// waitSyncFailed waits until virt-handler refuses the VM's VMI with message
-// in its Synchronized condition, and checks that the VMI never ran.
-func waitSyncFailed(ctx context.Context, vm, message string) {
+// waitRefusedOnNode waits until virt-handler refuses the VM's VMI with
+// message: the VMI Failed, never Running, and no virt-launcher pod of it
+// left running with what the kubelet mounted.
+func waitRefusedOnNode(ctx context.Context, vm, message string) {
 	Eventually(func(g Gomega) {
 		out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o",
-			`jsonpath={.status.conditions[?(@.type=="Synchronized")].message}`)
+			`jsonpath={.status.phase} {.status.conditions[?(@.type=="Synchronized")].message}`)
 		g.Expect(err).ToNot(HaveOccurred())
-		g.Expect(out).To(ContainSubstring(message))
+		g.Expect(out).To(And(HavePrefix("Failed "), ContainSubstring(message)))
 	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
-	out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o", "jsonpath={.status.phase}")
+	out, err := kubectl(ctx, "-n", namespace, "get", "events", "--field-selector", "involvedObject.kind=VirtualMachineInstance,involvedObject.name="+vm, "-o", "jsonpath={.items[*].reason}")
 	Expect(err).ToNot(HaveOccurred())
-	Expect(out).ToNot(Equal("Running"))
+	Expect(out).ToNot(ContainSubstring("Started"), "the VMI never ran")
+	Eventually(func(g Gomega) {
+		out, err := kubectl(ctx, "-n", namespace, "get", "pods", "-l", "vm.kubevirt.io/name="+vm,
+			"-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {end}`)
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(out).ToNot(ContainSubstring("=Running"), "virt-launcher pods of %s", vm)
+		g.Expect(out).ToNot(ContainSubstring("=Pending"), "virt-launcher pods of %s", vm)
+	}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 }
 
 func backingHostPath(path string) string {
