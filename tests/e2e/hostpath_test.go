@@ -100,7 +100,7 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 			filepath.Join(overlays, namespace, vm), "0", "755",
 			targetOf(vm), "107", "755",
 		}))
-		Expect(inNode(ctx, "stat", "-c", "%u", filepath.Join(targetOf(vm), "disk.qcow2"))).To(Equal("107\n"))
+		Expect(inNode(ctx, "stat", "-c", "%u", filepath.Join(targetOf(vm), "disk.qcow2"))).To(Equal("107"))
 		deleteVM(ctx, vm)
 	}, SpecTimeout(10*time.Minute))
 
