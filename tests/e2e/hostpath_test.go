@@ -108,7 +108,7 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 		vm := "hostpath-link"
 		// Admission reads the text, which lies under the prefix; the
 		// kubelet mounts what the link leads to.
-		Expect(apply(ctx, vmYAML(vm, "Once", backingHostPath(images+"/link.raw")))).To(Succeed())
+		Expect(apply(ctx, vmYAML(vm, "Always", backingHostPath(images+"/link.raw")))).To(Succeed())
 		waitRefusedOnNode(ctx, vm, "resolves on the node to "+outside+"/golden.raw, which is not below a directory the cluster allows for golden images")
 		deleteVM(ctx, vm)
 	}, SpecTimeout(10*time.Minute))
@@ -118,7 +118,7 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 		planted := filepath.Join(targetOf(vm), "disk.qcow2")
 		_, err := inNode(ctx, "sh", "-c", "mkdir -p "+targetOf(vm)+" && echo planted > "+planted)
 		Expect(err).ToNot(HaveOccurred())
-		Expect(apply(ctx, vmYAML(vm, "Once", backingHostPath(images+"/golden.raw")+"\n"+
+		Expect(apply(ctx, vmYAML(vm, "Always", backingHostPath(images+"/golden.raw")+"\n"+
 			"  persistent: true\n  targetHostPath: {path: "+targetOf(vm)+"}"))).To(Succeed())
 		waitRefusedOnNode(ctx, vm, "the directory holds files and is not the virt-launcher's user's")
 		deleteVM(ctx, vm)
@@ -171,26 +171,32 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 	})
 })
 
-// waitRefusedOnNode waits until virt-handler refuses the VM's VMI with
-// message: the VMI Failed, never Running, and no virt-launcher pod of it
-// left running with what the kubelet mounted.
+// waitRefusedOnNode waits until virt-handler refuses a VMI of the VM with
+// message (a SyncFailed event), and until that VMI's virt-launcher pod, which
+// the kubelet gave what the path led to, is gone: the refusal fails the
+// VMI, which never ran, and the VM's run strategy deletes it with its pod.
 func waitRefusedOnNode(ctx context.Context, vm, message string) {
+	var uid string
 	Eventually(func(g Gomega) {
-		out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o",
-			`jsonpath={.status.phase} {.status.conditions[?(@.type=="Synchronized")].message}`)
+		out, err := kubectl(ctx, "-n", namespace, "get", "events", "--field-selector", "involvedObject.kind=VirtualMachineInstance,involvedObject.name="+vm+",reason=SyncFailed",
+			"-o", `jsonpath={range .items[*]}{.involvedObject.uid} {.message}{"\n"}{end}`)
 		g.Expect(err).ToNot(HaveOccurred())
-		g.Expect(out).To(And(HavePrefix("Failed "), ContainSubstring(message)))
+		for _, line := range strings.Split(out, "\n") {
+			if id, msg, ok := strings.Cut(line, " "); ok && strings.Contains(msg, message) {
+				uid = id
+			}
+		}
+		g.Expect(uid).ToNot(BeEmpty(), "SyncFailed events of %s: %s", vm, out)
 	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
-	out, err := kubectl(ctx, "-n", namespace, "get", "events", "--field-selector", "involvedObject.kind=VirtualMachineInstance,involvedObject.name="+vm, "-o", "jsonpath={.items[*].reason}")
+	out, err := kubectl(ctx, "-n", namespace, "get", "events", "--field-selector", "involvedObject.uid="+uid+",reason=Started", "-o", "name")
 	Expect(err).ToNot(HaveOccurred())
-	Expect(out).ToNot(ContainSubstring("Started"), "the VMI never ran")
+	Expect(out).To(BeEmpty(), "the refused VMI never ran")
 	Eventually(func(g Gomega) {
-		out, err := kubectl(ctx, "-n", namespace, "get", "pods", "-l", "vm.kubevirt.io/name="+vm,
+		out, err := kubectl(ctx, "-n", namespace, "get", "pods", "-l", "kubevirt.io/created-by="+uid,
 			"-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {end}`)
 		g.Expect(err).ToNot(HaveOccurred())
-		g.Expect(out).ToNot(ContainSubstring("=Running"), "virt-launcher pods of %s", vm)
-		g.Expect(out).ToNot(ContainSubstring("=Pending"), "virt-launcher pods of %s", vm)
-	}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+		g.Expect(out).ToNot(Or(ContainSubstring("=Running"), ContainSubstring("=Pending")), "virt-launcher pod of the refused VMI")
+	}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 }
 
 func backingHostPath(path string) string {
