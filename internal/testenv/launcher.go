@@ -21,7 +21,9 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -82,7 +84,15 @@ type Launcher struct {
 	// VMI is the VMI manifest file.
 	VMI  string
 	Maps map[string]string
+	// BackingClaims stands in for virt-controller: the UID of the claim
+	// backing each overlay volume, by volume name. The claim is bound to
+	// the volume "pv-<UID>".
+	BackingClaims map[string]string
 }
+
+// backingClaimsEnv is the patched virt-launcher's variable for what
+// virt-controller says of the backing claims (pkg/storage/overlay).
+const backingClaimsEnv = "KUBEVIRT_OVERLAY_BACKING_CLAIMS"
 
 // Run runs the tool with extra arguments (-prepare, -cleanup, ...) and
 // returns its standard output and error.
@@ -94,6 +104,17 @@ func (l Launcher) Run(ctx context.Context, args ...string) (string, string, erro
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, string(l.Tool), append(all, args...)...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if len(l.BackingClaims) > 0 {
+		claims := map[string]map[string]string{}
+		for volume, uid := range l.BackingClaims {
+			claims[volume] = map[string]string{"uid": uid, "volumeName": "pv-" + uid}
+		}
+		value, err := json.Marshal(claims)
+		if err != nil {
+			return "", "", err
+		}
+		cmd.Env = append(os.Environ(), backingClaimsEnv+"="+string(value))
+	}
 	err := cmd.Run()
 	if err != nil {
 		err = fmt.Errorf("vmi2domain %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))

@@ -61,7 +61,7 @@ var _ = Describe("the hook's disk compared with the patched converter's", Ordere
 		Expect(err).ToNot(HaveOccurred())
 		file := filepath.Join(GinkgoT().TempDir(), "vmi.yaml")
 		Expect(os.WriteFile(file, data, 0o644)).To(Succeed())
-		out, _, err := testenv.Launcher{Tool: vmi2domain, VMI: file}.Run(ctx, args...)
+		out, _, err := testenv.Launcher{Tool: vmi2domain, VMI: file, BackingClaims: map[string]string{"rootdisk": "golden-store-uid"}}.Run(ctx, args...)
 		Expect(err).ToNot(HaveOccurred())
 		return []byte(out)
 	}

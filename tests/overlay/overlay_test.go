@@ -101,6 +101,7 @@ func newPod(ctx context.Context, backing backingKind, target targetKind) *pod {
 				testenv.LauncherPrivateDir:   filepath.Join(root, "private"),
 				testenv.LauncherEphemeralDir: filepath.Join(root, "ephemeral"),
 			},
+			BackingClaims: map[string]string{volume: "golden-uid"},
 		},
 		backingFormat: "raw",
 	}
@@ -269,6 +270,30 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 			Expect(err).To(HaveOccurred())
 			Expect(stderr).To(ContainSubstring("overlay volume " + volume + ": refusing to start: the backing image of overlay " + overlayPath + " changed since the overlay was created"))
 			Expect(stderr).To(ContainSubstring(fmt.Sprintf("size %d, %s", backingSize, backingRecorded)))
+
+			overlayAfter, err := testenv.SHA256(p.target)
+			Expect(err).ToNot(HaveOccurred())
+			Expect(overlayAfter).To(Equal(overlayBefore), "a refused overlay is left as it was")
+		},
+		Entry("in a file target", fileTarget, targetImage, SpecTimeout(2*time.Minute)),
+		Entry("on a Block mode target (loop device)", deviceTarget, targetDevice, SpecTimeout(2*time.Minute)),
+	)
+
+	DescribeTable("a persistent overlay over a backing claim created again is refused, the same image or not",
+		func(ctx SpecContext, target targetKind, overlayPath string) {
+			p := newPod(ctx, rawFile, target)
+			p.overlayDisk(ctx)
+			overlayBefore, err := testenv.SHA256(p.target)
+			Expect(err).ToNot(HaveOccurred())
+
+			// The same bytes on another claim: a golden image is
+			// immutable, a new version is a new claim.
+			p.BackingClaims = map[string]string{volume: "golden-uid-2"}
+			_, stderr, err := p.Run(ctx, "-prepare")
+			Expect(err).To(HaveOccurred())
+			Expect(stderr).To(ContainSubstring("refusing to start: the backing image of overlay " + overlayPath + " changed since the overlay was created"))
+			Expect(stderr).To(ContainSubstring(`claim UID golden-uid bound to "pv-golden-uid" then`))
+			Expect(stderr).To(ContainSubstring(`claim UID golden-uid-2 bound to "pv-golden-uid-2" now`))
 
 			overlayAfter, err := testenv.SHA256(p.target)
 			Expect(err).ToNot(HaveOccurred())

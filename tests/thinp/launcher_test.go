@@ -117,8 +117,9 @@ var _ = Describe("The patched virt-launcher's thin provisioned overlay on a loop
 
 		root := GinkgoT().TempDir()
 		launcher = testenv.Launcher{
-			Tool: testenv.VMI2Domain(filepath.Join(tools, "vmi2domain")),
-			Maps: map[string]string{testenv.LauncherPrivateDir: filepath.Join(root, "private")},
+			Tool:          testenv.VMI2Domain(filepath.Join(tools, "vmi2domain")),
+			Maps:          map[string]string{testenv.LauncherPrivateDir: filepath.Join(root, "private")},
+			BackingClaims: map[string]string{volume: "golden-uid"},
 		}
 		backing = launcher.Host(testenv.OverlayBackingImage(volume))
 		Expect(os.MkdirAll(filepath.Dir(backing), 0o755)).To(Succeed())
