@@ -41,7 +41,6 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 		images   = "/var/lib/e2e-images"
 		overlays = "/var/lib/e2e-overlays"
 		outside  = "/var/lib/e2e-elsewhere"
-		tenant   = "tenant"
 	)
 	// targetOf is the directory of volume rootdisk of the VM vm.
 	targetOf := func(vm string) string { return filepath.Join(overlays, namespace, vm, "rootdisk") }
@@ -70,18 +69,7 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 			return err
 		}).WithContext(ctx).WithTimeout(2 * time.Minute).Should(Succeed())
 
-		// A VM author of the namespace, as a namespace administrator makes
-		// one: KubeVirt's and Kubernetes' edit roles, nothing of the cluster.
-		for _, args := range [][]string{
-			{"create", "serviceaccount", tenant},
-			{"create", "rolebinding", "tenant-kubevirt-edit", "--clusterrole=kubevirt.io:edit", "--serviceaccount=" + namespace + ":" + tenant},
-			{"create", "rolebinding", "tenant-edit", "--clusterrole=edit", "--serviceaccount=" + namespace + ":" + tenant},
-		} {
-			_, err := kubectl(ctx, append([]string{"-n", namespace}, args...)...)
-			if err != nil && !strings.Contains(err.Error(), "AlreadyExists") {
-				Fail(err.Error())
-			}
-		}
+		createTenant(ctx)
 	})
 
 	It("boots a VM from a persistent overlay in its own directory over an allowed host path", func(ctx SpecContext) {
@@ -129,8 +117,7 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 
 	DescribeTable("refuses a namespace's VM author what would reach the node or another tenant",
 		func(ctx SpecContext, volume, field, message string) {
-			out, err := kubectlIn(ctx, vmYAML("hostile", "Halted", volume),
-				"--as=system:serviceaccount:"+namespace+":"+tenant, "create", "--dry-run=server", "-f", "-")
+			out, err := kubectlIn(ctx, vmYAML("hostile", "Halted", volume), asTenant, "create", "--dry-run=server", "-f", "-")
 			Expect(err).To(HaveOccurred(), out)
 			Expect(err.Error()).To(And(ContainSubstring(field), ContainSubstring(message)))
 		},
@@ -155,7 +142,7 @@ var _ = Describe("overlay host paths on the node", Ordered, func() {
 	)
 
 	It("leaves the host path prefixes to the cluster's administrators", func(ctx SpecContext) {
-		_, err := kubectl(ctx, "-n", "kubevirt", "--as=system:serviceaccount:"+namespace+":"+tenant, "patch", "kubevirt", "kubevirt", "--type", "json", "-p",
+		_, err := kubectl(ctx, "-n", "kubevirt", asTenant, "patch", "kubevirt", "kubevirt", "--type", "json", "-p",
 			`[{"op":"replace","path":"/spec/configuration/overlayVolumes/targetHostPathPrefixes","value":["/"]}]`)
 		Expect(err).To(MatchError(ContainSubstring("forbidden")))
 	})

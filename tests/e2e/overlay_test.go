@@ -65,6 +65,30 @@ func allocatedInTop(ctx context.Context, pod, image string) int64 {
 	return n
 }
 
+// waitSyncRefused waits until the VM's VMI is not synchronized, saying
+// message: virt-launcher refused its overlay before the domain started.
+func waitSyncRefused(ctx context.Context, vm, message string) {
+	Eventually(func(g Gomega) {
+		out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o",
+			`jsonpath={.status.conditions[?(@.type=="Synchronized")].message}`)
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(out).To(ContainSubstring(message))
+	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
+}
+
+// growImage grows a golden image behind its claim's back.
+func growImage(_ context.Context, _, image string) {
+	Expect(os.Truncate(image, goldenSize+1<<20)).To(Succeed())
+}
+
+// recreateClaim deletes a golden claim and its volume and makes them again
+// over the same directory: the same bytes, another claim.
+func recreateClaim(ctx context.Context, claim, image string) {
+	Expect(kubectl(ctx, "-n", namespace, "delete", "pvc", claim, "--wait=true")).Error().ToNot(HaveOccurred())
+	Expect(kubectl(ctx, "delete", "pv", claim, "--wait=true")).Error().ToNot(HaveOccurred())
+	localClaim(ctx, claim, filepath.Dir(image), "Filesystem", "ReadOnlyMany", goldenSize)
+}
+
 func podUID(ctx context.Context, pod string) string {
 	uid, err := kubectl(ctx, "-n", namespace, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}")
 	Expect(err).ToNot(HaveOccurred())
@@ -165,8 +189,15 @@ overlay:
 		}, SpecTimeout(15*time.Minute)),
 	)
 
+	fsTarget := func(ctx context.Context, name string) string {
+		return filepath.Join(emptyFilesystemClaim(ctx, name, goldenSize*2), "disk.qcow2")
+	}
+	blockTarget := func(ctx context.Context, name string) string {
+		return blockClaim(ctx, name, goldenSize+16<<20)
+	}
+
 	DescribeTable("refuses to start on a changed backing, says why, and leaves the overlay alone",
-		func(ctx SpecContext, vm string, targetOf func(ctx context.Context, name string) string) {
+		func(ctx SpecContext, vm string, targetOf func(ctx context.Context, name string) string, change func(ctx context.Context, claim, image string), message string) {
 			image := goldenFilesystem(ctx, vm+"-golden")
 			target := targetOf(ctx, vm+"-target")
 			source := fmt.Sprintf(`
@@ -183,30 +214,66 @@ overlay:
 			overlaySHA, err := testenv.SHA256(target)
 			Expect(err).ToNot(HaveOccurred())
 
-			// The golden image grows by 1 MiB behind the overlay's back.
-			Expect(os.Truncate(image, goldenSize+1<<20)).To(Succeed())
+			change(ctx, vm+"-golden", image)
 			Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
-			Eventually(func(g Gomega) {
-				out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o",
-					`jsonpath={.status.conditions[?(@.type=="Synchronized")].message}`)
-				g.Expect(err).ToNot(HaveOccurred())
-				g.Expect(out).To(ContainSubstring("changed since the overlay was created"))
-			}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
-			events, err := kubectl(ctx, "-n", namespace, "get", "events", "--field-selector",
-				"involvedObject.kind=VirtualMachineInstance,involvedObject.name="+vm+",reason=SyncFailed", "-o", "jsonpath={.items[*].message}")
-			Expect(err).ToNot(HaveOccurred())
-			Expect(events).To(ContainSubstring("refusing to start"))
+			waitSyncRefused(ctx, vm, "changed since the overlay was created")
+			waitSyncRefused(ctx, vm, message)
 			Expect(testenv.SHA256(target)).To(Equal(overlaySHA), "the overlay was touched")
 			deleteVM(ctx, vm)
 			Expect(testenv.SHA256(target)).To(Equal(overlaySHA))
 		},
-		Entry("on a Filesystem target claim", "changed-fs", func(ctx context.Context, name string) string {
-			return filepath.Join(emptyFilesystemClaim(ctx, name, goldenSize*2), "disk.qcow2")
-		}, SpecTimeout(15*time.Minute)),
-		Entry("on a Block-mode target claim", "changed-block", func(ctx context.Context, name string) string {
-			return blockClaim(ctx, name, goldenSize+16<<20)
-		}, SpecTimeout(15*time.Minute)),
+		Entry("grown behind the overlay's back, on a Filesystem target claim", "changed-fs", fsTarget, growImage, "size 67108864", SpecTimeout(15*time.Minute)),
+		Entry("grown behind the overlay's back, on a Block-mode target claim", "changed-block", blockTarget, growImage, "size 67108864", SpecTimeout(15*time.Minute)),
+		Entry("the same image on a claim created again", "recreated", blockTarget, recreateClaim, "claim UID", SpecTimeout(15*time.Minute)),
 	)
+
+	It("gives a persistent overlay to its VM alone: a copy of the VM waits, then is refused, and a VM created again takes it only when told", func(ctx SpecContext) {
+		const vm, copied = "owned", "owned-copy"
+		createTenant(ctx)
+		// ReadWriteMany, as a shared Block volume would be: nothing in the
+		// claim's access mode keeps a second VMI away.
+		Expect(os.MkdirAll(volumesDir, 0o755)).To(Succeed())
+		dev, err := testenv.CreateLoopFile(ctx, filepath.Join(volumesDir, "owned-target.img"), goldenSize+16<<20)
+		Expect(err).ToNot(HaveOccurred())
+		localClaim(ctx, "owned-target", dev, "Block", "ReadWriteMany", goldenSize+16<<20)
+		Expect(apply(ctx, vmYAML(vm, "Always", persistent("owned-target")))).To(Succeed())
+		waitVMIReady(ctx, vm)
+		waitGuestDone(ctx, vm)
+
+		By("a copy of the VM, made by the namespace's VM author, waits while the VM runs")
+		Expect(kubectlIn(ctx, vmYAML(copied, "Always", persistent("owned-target")), asTenant, "create", "-f", "-")).Error().ToNot(HaveOccurred())
+		Eventually(func(g Gomega) {
+			out, err := kubectl(ctx, "-n", namespace, "get", "events", "--field-selector",
+				"involvedObject.kind=VirtualMachineInstance,involvedObject.name="+copied+",reason=OverlayTargetInUse", "-o", "jsonpath={.items[*].message}")
+			g.Expect(err).ToNot(HaveOccurred())
+			g.Expect(out).To(ContainSubstring("claim owned-target, the target of overlay volume rootdisk, is in use by VMI " + vm))
+		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+		Expect(kubectl(ctx, "-n", namespace, "get", "pods", "-l", "vm.kubevirt.io/name="+copied, "-o", "name")).To(BeEmpty())
+
+		By("once the VM stops, the copy starts and its virt-launcher refuses the overlay, leaving it alone")
+		owner, err := kubectl(ctx, "-n", namespace, "get", "vm", vm, "-o", "jsonpath={.metadata.uid}")
+		Expect(err).ToNot(HaveOccurred())
+		Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
+		waitVMIGone(ctx, vm)
+		overlaySHA, err := testenv.SHA256(dev)
+		Expect(err).ToNot(HaveOccurred())
+		waitSyncRefused(ctx, copied, "belongs to VirtualMachine "+namespace+"/"+vm+" (UID "+owner+")")
+		deleteVM(ctx, copied)
+		Expect(testenv.SHA256(dev)).To(Equal(overlaySHA), "the overlay was touched")
+
+		By("the VM created again under its name is refused until its template names the old owner")
+		deleteVM(ctx, vm)
+		Expect(apply(ctx, vmYAML(vm, "Always", persistent("owned-target")))).To(Succeed())
+		waitSyncRefused(ctx, vm, "set the VMI's annotation kubevirt.io/overlay-adopt-owner-uid to "+owner)
+		Expect(testenv.SHA256(dev)).To(Equal(overlaySHA))
+		deleteVM(ctx, vm)
+		Expect(apply(ctx, strings.Replace(vmYAML(vm, "Always", persistent("owned-target")), "  template:\n",
+			"  template:\n    metadata: {annotations: {kubevirt.io/overlay-adopt-owner-uid: "+owner+"}}\n", 1))).To(Succeed())
+		waitVMIReady(ctx, vm)
+		waitGuestDone(ctx, vm)
+		deleteVM(ctx, vm)
+		Expect(testenv.VerifyGuestWrites(ctx, qcow2.WithoutBacking(dev, qcow2.FormatQcow2), "", guestParams)).To(Succeed())
+	}, SpecTimeout(20*time.Minute))
 
 	It("boots a VM from an ephemeral overlay over a Block-mode golden claim", func(ctx SpecContext) {
 		vm := "block-golden"

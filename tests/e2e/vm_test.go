@@ -76,6 +76,27 @@ func indent(s, prefix string) string {
 	return strings.Join(lines, "\n")
 }
 
+// tenant is a VM author of the namespace, as a namespace administrator
+// makes one: KubeVirt's and Kubernetes' edit roles, nothing of the cluster.
+const tenant = "tenant"
+
+// asTenant makes kubectl act as the tenant.
+const asTenant = "--as=system:serviceaccount:" + namespace + ":" + tenant
+
+// createTenant makes the tenant, unless it exists.
+func createTenant(ctx context.Context) {
+	for _, args := range [][]string{
+		{"create", "serviceaccount", tenant},
+		{"create", "rolebinding", "tenant-kubevirt-edit", "--clusterrole=kubevirt.io:edit", "--serviceaccount=" + namespace + ":" + tenant},
+		{"create", "rolebinding", "tenant-edit", "--clusterrole=edit", "--serviceaccount=" + namespace + ":" + tenant},
+	} {
+		_, err := kubectl(ctx, append([]string{"-n", namespace}, args...)...)
+		if err != nil && !strings.Contains(err.Error(), "already exists") {
+			Fail(err.Error())
+		}
+	}
+}
+
 // waitVMIReady waits until the VM's VMI is Running and Ready.
 func waitVMIReady(ctx context.Context, name string) {
 	Eventually(func(g Gomega) {
@@ -139,7 +160,7 @@ var _ = BeforeEach(func(ctx SpecContext) {
 	}
 	requireKubeVirt(ctx, want)
 	_, err := kubectl(ctx, "create", "namespace", namespace)
-	if err != nil && !strings.Contains(err.Error(), "AlreadyExists") {
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
 		Fail(err.Error())
 	}
 })
