@@ -181,6 +181,37 @@ overlay:
 		deleteVM(ctx, vm)
 	}
 
+	It("admits a thin volume only for an author who may update its target claim, or on a claim an administrator opted in", func(ctx SpecContext) {
+		const author, target = "vm-author", "thin-opt-in-target"
+		// An author of VMs who may not touch claims: KubeVirt's edit role
+		// alone.
+		for _, args := range [][]string{
+			{"create", "serviceaccount", author},
+			{"create", "rolebinding", author + "-kubevirt-edit", "--clusterrole=kubevirt.io:edit", "--serviceaccount=" + namespace + ":" + author},
+		} {
+			if _, err := kubectl(ctx, append([]string{"-n", namespace}, args...)...); err != nil && !strings.Contains(err.Error(), "already exists") {
+				Fail(err.Error())
+			}
+		}
+		createTenant(ctx)
+		thinClaim(ctx, target)
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(kubectl(ctx, "-n", namespace, "delete", "pvc", target, "--ignore-not-found", "--wait=true")).Error().ToNot(HaveOccurred())
+		})
+		create := func(as string) error {
+			_, err := kubectlIn(ctx, thinVM("thin-authorized", target), as, "create", "--dry-run=server", "-f", "-")
+			return err
+		}
+
+		Expect(create("--as=system:serviceaccount:" + namespace + ":" + author)).To(MatchError(ContainSubstring(
+			"spec.template.spec.volumes[0].overlay.thinProvisioning is not allowed: virt-controller would expand claim " + target +
+				", which system:serviceaccount:" + namespace + ":" + author + " may not update")))
+		Expect(create(asTenant)).To(Succeed(), "the namespace's editor may update the claim")
+
+		Expect(kubectl(ctx, "-n", namespace, "label", "pvc", target, "kubevirt.io/thin-expansion=true")).Error().ToNot(HaveOccurred())
+		Expect(create("--as=system:serviceaccount:" + namespace + ":" + author)).To(Succeed(), "the administrator opted the claim in")
+	})
+
 	It("grows the claim while the guest writes five times its size, the guest seeing no I/O error", func(ctx SpecContext) {
 		const vm, target = "thin", "thin-target"
 		goldenSHA, err := testenv.SHA256(goldenImage)

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -278,6 +279,20 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 		Entry("in a file target", fileTarget, targetImage, SpecTimeout(2*time.Minute)),
 		Entry("on a Block mode target (loop device)", deviceTarget, targetDevice, SpecTimeout(2*time.Minute)),
 	)
+
+	It("a qcow2 backing that keeps its data in an external data file is refused before qemu-img opens it", func(ctx SpecContext) {
+		p := newPod(ctx, qcow2File, noTarget)
+		// The data file's name is the image author's: qemu-img would open
+		// whatever it names in the pod.
+		Expect(os.Remove(p.backing)).To(Succeed())
+		_, err := testenv.QemuImg(ctx, "create", "-f", "qcow2", "-o", "data_file="+p.backing+".data", p.backing, strconv.Itoa(backingSize))
+		Expect(err).ToNot(HaveOccurred())
+
+		_, stderr, err := p.Run(ctx, "-prepare")
+		Expect(err).To(HaveOccurred())
+		Expect(stderr).To(ContainSubstring("refusing to start: " + p.backing + " is a qcow2 image that keeps its data in an external data file it names"))
+		Expect(p.target).ToNot(BeAnExistingFile())
+	}, SpecTimeout(2*time.Minute))
 
 	DescribeTable("a persistent overlay over a backing claim created again is refused, the same image or not",
 		func(ctx SpecContext, target targetKind, overlayPath string) {
