@@ -232,10 +232,7 @@ overlay:
 		createTenant(ctx)
 		// ReadWriteMany, as a shared Block volume would be: nothing in the
 		// claim's access mode keeps a second VMI away.
-		Expect(os.MkdirAll(volumesDir, 0o755)).To(Succeed())
-		dev, err := testenv.CreateLoopFile(ctx, filepath.Join(volumesDir, "owned-target.img"), goldenSize+16<<20)
-		Expect(err).ToNot(HaveOccurred())
-		localClaim(ctx, "owned-target", dev, "Block", "ReadWriteMany", goldenSize+16<<20)
+		dev := blockClaimWithAccess(ctx, "owned-target", goldenSize+16<<20, "ReadWriteMany")
 		Expect(apply(ctx, vmYAML(vm, "Always", persistent("owned-target")))).To(Succeed())
 		waitVMIReady(ctx, vm)
 		waitGuestDone(ctx, vm)

@@ -105,12 +105,17 @@ func emptyFilesystemClaim(ctx context.Context, name string, size int64) string {
 // blockClaim is a Block-mode claim on a loop device over a new sparse file
 // of size bytes; it returns the device.
 func blockClaim(ctx context.Context, name string, size int64) string {
+	return blockClaimWithAccess(ctx, name, size, "ReadWriteOnce")
+}
+
+// blockClaimWithAccess is blockClaim with the given access mode.
+func blockClaimWithAccess(ctx context.Context, name string, size int64, accessMode string) string {
 	Expect(os.MkdirAll(volumesDir, 0o755)).To(Succeed())
 	file := filepath.Join(volumesDir, name+".img")
 	Expect(os.RemoveAll(file)).To(Succeed())
 	dev, err := testenv.CreateLoopFile(ctx, file, size)
 	Expect(err).ToNot(HaveOccurred())
-	localClaim(ctx, name, dev, "Block", "ReadWriteOnce", size)
+	localClaim(ctx, name, dev, "Block", accessMode, size)
 	return dev
 }
 
