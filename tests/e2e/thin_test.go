@@ -185,14 +185,7 @@ overlay:
 		const author, target = "vm-author", "thin-opt-in-target"
 		// An author of VMs who may not touch claims: KubeVirt's edit role
 		// alone.
-		for _, args := range [][]string{
-			{"create", "serviceaccount", author},
-			{"create", "rolebinding", author + "-kubevirt-edit", "--clusterrole=kubevirt.io:edit", "--serviceaccount=" + namespace + ":" + author},
-		} {
-			if _, err := kubectl(ctx, append([]string{"-n", namespace}, args...)...); err != nil && !strings.Contains(err.Error(), "already exists") {
-				Fail(err.Error())
-			}
-		}
+		createServiceAccount(ctx, author, "kubevirt.io:edit")
 		createTenant(ctx)
 		thinClaim(ctx, target)
 		DeferCleanup(func(ctx SpecContext) {

@@ -85,11 +85,18 @@ const asTenant = "--as=system:serviceaccount:" + namespace + ":" + tenant
 
 // createTenant makes the tenant, unless it exists.
 func createTenant(ctx context.Context) {
-	for _, args := range [][]string{
-		{"create", "serviceaccount", tenant},
-		{"create", "rolebinding", "tenant-kubevirt-edit", "--clusterrole=kubevirt.io:edit", "--serviceaccount=" + namespace + ":" + tenant},
-		{"create", "rolebinding", "tenant-edit", "--clusterrole=edit", "--serviceaccount=" + namespace + ":" + tenant},
-	} {
+	createServiceAccount(ctx, tenant, "kubevirt.io:edit", "edit")
+}
+
+// createServiceAccount makes a service account of the namespace bound to
+// the cluster roles in it, unless it exists.
+func createServiceAccount(ctx context.Context, name string, clusterRoles ...string) {
+	commands := [][]string{{"create", "serviceaccount", name}}
+	for _, role := range clusterRoles {
+		commands = append(commands, []string{"create", "rolebinding", name + "-" + strings.ReplaceAll(role, ":", "-"),
+			"--clusterrole=" + role, "--serviceaccount=" + namespace + ":" + name})
+	}
+	for _, args := range commands {
 		_, err := kubectl(ctx, append([]string{"-n", namespace}, args...)...)
 		if err != nil && !strings.Contains(err.Error(), "already exists") {
 			Fail(err.Error())
