@@ -202,7 +202,7 @@ overlay:
 		Expect(create(asTenant)).To(Succeed(), "the namespace's editor may update the claim")
 
 		Expect(kubectl(ctx, "-n", namespace, "label", "pvc", target, "kubevirt.io/thin-expansion=true")).Error().ToNot(HaveOccurred())
-		Expect(create("--as=system:serviceaccount:" + namespace + ":" + author)).To(Succeed(), "the administrator opted the claim in")
+		Expect(create("--as=system:serviceaccount:"+namespace+":"+author)).To(Succeed(), "the administrator opted the claim in")
 	})
 
 	It("grows the claim while the guest writes five times its size, the guest seeing no I/O error", func(ctx SpecContext) {
