@@ -100,7 +100,7 @@ func run(opts options) error {
 
 	mux := http.NewServeMux()
 	mux.HandleFunc(components.VMICreateValidatePath, func(w http.ResponseWriter, r *http.Request) {
-		validating_webhook.ServeVMICreate(w, r, clusterConfig, serviceAccounts,
+		validating_webhook.ServeVMICreate(w, r, clusterConfig, virtCli, serviceAccounts,
 			func(field *field.Path, vmiSpec *v1.VirtualMachineInstanceSpec, clusterCfg *virtconfig.ClusterConfig) []metav1.StatusCause {
 				return netadmitter.Validate(field, vmiSpec, clusterCfg)
 			},
