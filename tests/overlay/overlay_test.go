@@ -257,27 +257,42 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 		Entry("on a Block mode target (loop device)", deviceTarget, SpecTimeout(4*time.Minute)),
 	)
 
+	// rewrite gives the backing another image of the same size: a
+	// rewritten boot sector.
+	rewrite := func(ctx context.Context, p *pod) {
+		Expect(testenv.WriteBootSector(ctx, p.backing, "raw", secondBoot)).To(Succeed())
+	}
+	// recreate puts the same bytes on another claim: a golden image is
+	// immutable, a new version is a new claim.
+	recreate := func(_ context.Context, p *pod) {
+		p.BackingClaims = map[string]string{volume: "golden-uid-2"}
+	}
+	rewritten := fmt.Sprintf("size %d, %s", backingSize, backingRecorded)
+	recreated := []string{`claim UID golden-uid bound to "pv-golden-uid" then`, `claim UID golden-uid-2 bound to "pv-golden-uid-2" now`}
+
 	DescribeTable("a persistent overlay over a changed backing is refused, saying why",
-		func(ctx SpecContext, target targetKind, overlayPath string) {
+		func(ctx SpecContext, target targetKind, overlayPath string, change func(context.Context, *pod), said ...string) {
 			p := newPod(ctx, rawFile, target)
 			p.overlayDisk(ctx)
 			overlayBefore, err := testenv.SHA256(p.target)
 			Expect(err).ToNot(HaveOccurred())
 
-			// Another image with the same size: a rewritten boot sector.
-			Expect(testenv.WriteBootSector(ctx, p.backing, "raw", secondBoot)).To(Succeed())
-
+			change(ctx, p)
 			_, stderr, err := p.Run(ctx, "-prepare")
 			Expect(err).To(HaveOccurred())
 			Expect(stderr).To(ContainSubstring("overlay volume " + volume + ": refusing to start: the backing image of overlay " + overlayPath + " changed since the overlay was created"))
-			Expect(stderr).To(ContainSubstring(fmt.Sprintf("size %d, %s", backingSize, backingRecorded)))
+			for _, words := range said {
+				Expect(stderr).To(ContainSubstring(words))
+			}
 
 			overlayAfter, err := testenv.SHA256(p.target)
 			Expect(err).ToNot(HaveOccurred())
 			Expect(overlayAfter).To(Equal(overlayBefore), "a refused overlay is left as it was")
 		},
-		Entry("in a file target", fileTarget, targetImage, SpecTimeout(2*time.Minute)),
-		Entry("on a Block mode target (loop device)", deviceTarget, targetDevice, SpecTimeout(2*time.Minute)),
+		Entry("rewritten, in a file target", fileTarget, targetImage, rewrite, rewritten, SpecTimeout(2*time.Minute)),
+		Entry("rewritten, on a Block mode target (loop device)", deviceTarget, targetDevice, rewrite, rewritten, SpecTimeout(2*time.Minute)),
+		Entry("on a claim created again, in a file target", fileTarget, targetImage, recreate, recreated[0], recreated[1], SpecTimeout(2*time.Minute)),
+		Entry("on a claim created again, on a Block mode target (loop device)", deviceTarget, targetDevice, recreate, recreated[0], recreated[1], SpecTimeout(2*time.Minute)),
 	)
 
 	It("a qcow2 backing that keeps its data in an external data file is refused before qemu-img opens it", func(ctx SpecContext) {
@@ -293,28 +308,4 @@ var _ = Describe("overlay volumes booted from the patched converter's domain", O
 		Expect(stderr).To(ContainSubstring("refusing to start: " + p.backing + " is a qcow2 image that keeps its data in an external data file it names"))
 		Expect(p.target).ToNot(BeAnExistingFile())
 	}, SpecTimeout(2*time.Minute))
-
-	DescribeTable("a persistent overlay over a backing claim created again is refused, the same image or not",
-		func(ctx SpecContext, target targetKind, overlayPath string) {
-			p := newPod(ctx, rawFile, target)
-			p.overlayDisk(ctx)
-			overlayBefore, err := testenv.SHA256(p.target)
-			Expect(err).ToNot(HaveOccurred())
-
-			// The same bytes on another claim: a golden image is
-			// immutable, a new version is a new claim.
-			p.BackingClaims = map[string]string{volume: "golden-uid-2"}
-			_, stderr, err := p.Run(ctx, "-prepare")
-			Expect(err).To(HaveOccurred())
-			Expect(stderr).To(ContainSubstring("refusing to start: the backing image of overlay " + overlayPath + " changed since the overlay was created"))
-			Expect(stderr).To(ContainSubstring(`claim UID golden-uid bound to "pv-golden-uid" then`))
-			Expect(stderr).To(ContainSubstring(`claim UID golden-uid-2 bound to "pv-golden-uid-2" now`))
-
-			overlayAfter, err := testenv.SHA256(p.target)
-			Expect(err).ToNot(HaveOccurred())
-			Expect(overlayAfter).To(Equal(overlayBefore), "a refused overlay is left as it was")
-		},
-		Entry("in a file target", fileTarget, targetImage, SpecTimeout(2*time.Minute)),
-		Entry("on a Block mode target (loop device)", deviceTarget, targetDevice, SpecTimeout(2*time.Minute)),
-	)
 })
