@@ -24,6 +24,8 @@
 #   build     build the KubeVirt binaries from the tree into _out/
 #   test      KubeVirt's unit tests of every package the series touches,
 #             patched against pristine (pristine results cached per package)
+#   check     every commit of the series in turn: the binaries build, and
+#             the unit tests of the packages it changes, against pristine
 # Each step is idempotent. KUBEVIRT_VERSION picks the KubeVirt release and
 # its series (v1.7.0, the default, or v1.8.0); paths come from common.sh
 # and may be overridden through the environment (KUBEVIRT_TREE,
@@ -152,15 +154,17 @@ build() {
 	done
 }
 
-# Go packages (as directories relative to the tree) whose files the series
-# changes, test data included: a changed file counts for the nearest
-# directory above it that holds Go files (the tree's root excepted).
+# touched_packages TREE RANGE: Go packages (as directories relative to the
+# tree) whose files the commits of RANGE change, test data included: a
+# changed file counts for the nearest directory above it that holds Go
+# files in TREE (the tree's root excepted).
 touched_packages() {
-	tree_git diff --name-only "${BASE_TAG}..HEAD" |
+	local tree=$1 range=$2
+	git -C "${tree}" diff --name-only "${range}" |
 		while read -r file; do
 			local dir
 			dir=$(dirname "${file}")
-			while [[ ${dir} != . ]] && ! compgen -G "${KUBEVIRT_TREE}/${dir}/*.go" >/dev/null; do
+			while [[ ${dir} != . ]] && ! compgen -G "${tree}/${dir}/*.go" >/dev/null; do
 				dir=$(dirname "${dir}")
 			done
 			[[ ${dir} != . ]] && echo "${dir}"
@@ -216,16 +220,13 @@ pristine_cache() {
 test_upstream() {
 	[[ -d ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run apply"
 	local dirs
-	mapfile -t dirs < <(touched_packages)
+	mapfile -t dirs < <(touched_packages "${KUBEVIRT_TREE}" "${BASE_TAG}..HEAD")
 	if [[ ${#dirs[@]} -eq 0 ]]; then
 		log "the series touches no Go package: nothing to compare"
 		return 0
 	fi
-	local pristine="${KUBEVIRT_TREE}-pristine"
-	if [[ ! -d ${pristine} ]]; then
-		tree_git worktree prune
-		tree_git worktree add -q --detach "${pristine}" "${BASE_TAG}"
-	fi
+	local pristine
+	pristine=$(worktree pristine "${BASE_TAG}")
 	local reports="${KUBEVIRT_OUT}/upstream-tests"
 	mkdir -p "${reports}"
 	log "KubeVirt unit tests of ${#dirs[@]} touched packages: ${dirs[*]}"
@@ -234,8 +235,54 @@ test_upstream() {
 	(cd "${QCOW2_ROOT}" && go run ./hack/testdiff "${reports}/pristine" "${reports}/patched")
 }
 
+# worktree NAME REVISION: the path of a worktree of the tree beside it,
+# TREE-NAME, made at REVISION when missing.
+worktree() {
+	local path="${KUBEVIRT_TREE}-$1"
+	if [[ ! -d ${path} ]]; then
+		tree_git worktree prune
+		tree_git worktree add -q --detach "${path}" "$2"
+	fi
+	echo "${path}"
+}
+
+# check_commits [REVISION]: each commit after REVISION (the baseline by
+# default) up to the tree's HEAD, in turn, in a worktree beside the tree:
+# the binaries build, and the unit tests of the packages the commit
+# changes keep what pristine KubeVirt passes. A series has to work at
+# every commit, not only at its end. With KUBEVIRT_CHECK_COMPILE_ONLY=1
+# the tests are compiled and vetted, not run (minutes instead of hours for
+# a whole series).
+check_commits() {
+	[[ -d ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run apply"
+	local since=${1:-${BASE_TAG}} check pristine commit dirs name
+	check=$(worktree check HEAD)
+	pristine=$(worktree pristine "${BASE_TAG}")
+	local reports="${KUBEVIRT_OUT}/commit-tests" commits=()
+	mapfile -t commits < <(tree_git rev-list --reverse "${since}..HEAD")
+	for commit in "${commits[@]}"; do
+		git -C "${check}" checkout -q --detach "${commit}"
+		log "checking $(git -C "${check}" log -1 --format='%h %s')"
+		local packages=()
+		for name in "${BINARIES[@]}"; do packages+=("./cmd/${name}"); done
+		tree_go "${check}" . build ./pkg/... "${packages[@]}" || die "commit ${commit} does not build"
+		mapfile -t dirs < <(touched_packages "${check}" "${commit}^..${commit}")
+		[[ ${#dirs[@]} -gt 0 ]] || continue
+		if [[ ${KUBEVIRT_CHECK_COMPILE_ONLY:-} == 1 ]]; then
+			tree_go "${check}" . test -count=1 -run '^$' "${dirs[@]/#/./}" >/dev/null ||
+				die "the tests of commit ${commit} do not compile"
+			continue
+		fi
+		run_unit_tests "${pristine}" "${reports}/pristine" "$(pristine_cache)" "${dirs[@]}"
+		run_unit_tests "${check}" "${reports}/patched" "" "${dirs[@]}"
+		(cd "${QCOW2_ROOT}" && go run ./hack/testdiff "${reports}/pristine" "${reports}/patched") ||
+			die "commit ${commit} fails unit tests pristine KubeVirt passes, or its own"
+	done
+	log "checked ${#commits[@]} commits"
+}
+
 usage() {
-	echo "usage: [KUBEVIRT_VERSION=v1.7.0|v1.8.0] $0 assemble|apply|export|build [binary...]|test" >&2
+	echo "usage: [KUBEVIRT_VERSION=v1.7.0|v1.8.0] $0 assemble|apply|export|build [binary...]|test|check [revision]" >&2
 	exit 2
 }
 
@@ -249,6 +296,7 @@ main() {
 	export) export_patches ;;
 	build) build "$@" ;;
 	test) test_upstream ;;
+	check) check_commits "$@" ;;
 	*) usage ;;
 	esac
 }
