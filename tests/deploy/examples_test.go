@@ -74,7 +74,7 @@ var _ = Describe("deploy/examples", Ordered, func() {
 	DescribeTable("the API server keeps each feature's fields",
 		func(vm string, volume int, path []string, want any) {
 			if vm == "containerdisk-hotplug" {
-				framework.Require(hotplugErr, "the patched KubeVirt tree's containerDisk hotplug API (patch 0009)")
+				framework.Require(hotplugErr, "the patched KubeVirt tree's containerDisk hotplug API (patch 0015)")
 			}
 			obj, ok := returned["VirtualMachine/"+vm]
 			Expect(ok).To(BeTrue(), "example VM %s", vm)

@@ -55,7 +55,7 @@ type thinReport struct {
 }
 
 // headerRecord returns the data of the overlay record extension ("kvor",
-// patch 0007) in the qcow2 header at the start of dev, without its crc,
+// patch 0011) in the qcow2 header at the start of dev, without its crc,
 // after checking the crc.
 func headerRecord(dev string) ([]byte, error) {
 	f, err := os.Open(dev)
