@@ -545,13 +545,57 @@ install_kubevirt() {
 	node_kubectl -n kubevirt rollout status deployment/virt-operator --timeout=300s ||
 		kubevirt_failed "virt-operator did not become ready"
 	node_kubectl "${verb}" -f "${cr}" >/dev/null
-	if [[ ! -c /dev/kvm ]]; then
+	local why
+	if why=$(kvm_unusable); then
+		log "VMs run emulated (KubeVirt's useEmulation): ${why}"
 		node_kubectl -n kubevirt patch kubevirt kubevirt --type merge \
 			-p '{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true}}}}' >/dev/null
 	fi
 	node_kubectl -n kubevirt wait kubevirt/kubevirt --for=condition=Available --timeout=600s >/dev/null ||
 		kubevirt_failed "KubeVirt did not become Available"
 	log "KubeVirt Available in $((SECONDS - start))s"
+}
+
+# kvm_unusable says why VMs cannot use KVM here, and fails when they can.
+# A /dev/kvm may still not boot a stock Linux kernel (nested KVM of some
+# hosts stops it in its first seconds): the Linux test guest is booted
+# with KVM once, and the outcome kept in the cache, keyed by the kernel
+# and the guest.
+kvm_unusable() {
+	if [[ ! -c /dev/kvm ]]; then
+		echo "this host has no /dev/kvm"
+		return 0
+	fi
+	local image
+	image=$("${QCOW2_ROOT}/hack/guest-image.sh") || {
+		echo "the Linux test guest could not be built to probe KVM (hack/guest-image.sh)"
+		return 0
+	}
+	local key
+	key=$(printf '%s %s' "$(uname -r)" "${image}" | sha256sum | cut -c1-16)
+	local probe="${QCOW2_CACHE}/kvm-probe/${key}"
+	if [[ ! -f ${probe} ]]; then
+		mkdir -p "${probe%/*}"
+		local dir
+		dir=$(mktemp -d)
+		qemu-img create -q -f qcow2 -F raw -b "${image}" "${dir}/disk.qcow2"
+		timeout 60 qemu-system-x86_64 -machine q35,accel=kvm -cpu host -m 256 -display none -no-reboot \
+			-drive "file=${dir}/disk.qcow2,format=qcow2,if=virtio" -serial "file:${dir}/serial" \
+			-smbios "type=1,serial=pieces=0" >/dev/null 2>&1 &
+		local qemu=$! deadline=$((SECONDS + 60))
+		until grep -q 'KQG DONE' "${dir}/serial" 2>/dev/null || ((SECONDS > deadline)) || ! kill -0 "${qemu}" 2>/dev/null; do
+			sleep 1
+		done
+		if grep -q 'KQG DONE' "${dir}/serial" 2>/dev/null; then
+			echo ok >"${probe}"
+		else
+			echo "/dev/kvm does not boot a stock Linux kernel on this host (probed with the Linux test guest)" >"${probe}"
+		fi
+		kill "${qemu}" 2>/dev/null || true
+		wait "${qemu}" 2>/dev/null || true
+		rm -rf "${dir}"
+	fi
+	[[ $(cat "${probe}") != ok ]] && cat "${probe}"
 }
 
 # A failed install keeps what explains it in the node's log directory, then

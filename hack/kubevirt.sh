@@ -246,8 +246,8 @@ worktree() {
 	echo "${path}"
 }
 
-# check_commits [REVISION]: each commit after REVISION (the baseline by
-# default) up to the tree's HEAD, in turn, in a worktree beside the tree:
+# check_commits [REVISION [LAST]]: each commit after REVISION (the baseline
+# by default) up to LAST (the tree's HEAD by default), in turn, in a worktree beside the tree:
 # the binaries build, and the unit tests of the packages the commit
 # changes keep what pristine KubeVirt passes. A series has to work at
 # every commit, not only at its end. With KUBEVIRT_CHECK_COMPILE_ONLY=1
@@ -255,11 +255,11 @@ worktree() {
 # a whole series).
 check_commits() {
 	[[ -d ${KUBEVIRT_TREE}/.git ]] || die "no tree at ${KUBEVIRT_TREE}: run apply"
-	local since=${1:-${BASE_TAG}} check pristine commit dirs name
+	local since=${1:-${BASE_TAG}} last=${2:-HEAD} check pristine commit dirs name
 	check=$(worktree check HEAD)
 	pristine=$(worktree pristine "${BASE_TAG}")
 	local reports="${KUBEVIRT_OUT}/commit-tests" commits=()
-	mapfile -t commits < <(tree_git rev-list --reverse "${since}..HEAD")
+	mapfile -t commits < <(tree_git rev-list --reverse "${since}..${last}")
 	for commit in "${commits[@]}"; do
 		git -C "${check}" checkout -q --detach "${commit}"
 		log "checking $(git -C "${check}" log -1 --format='%h %s')"
@@ -282,7 +282,7 @@ check_commits() {
 }
 
 usage() {
-	echo "usage: [KUBEVIRT_VERSION=v1.7.0|v1.8.0] $0 assemble|apply|export|build [binary...]|test|check [revision]" >&2
+	echo "usage: [KUBEVIRT_VERSION=v1.7.0|v1.8.0] $0 assemble|apply|export|build [binary...]|test|check [revision [last]]" >&2
 	exit 2
 }
 

@@ -104,3 +104,15 @@ var _ = DescribeTable("WholeLines keeps what a reader of a log being written may
 	Entry("the whole DONE line", "START 00000001 00000800 0000abcd\r\nDONE 00000800\r\n",
 		testenv.GuestStatus{Started: true, Written: 0x800, Done: true}),
 )
+
+var _ = DescribeTable("ParseLinuxGuest keeps what the Linux test guest said in its last boot",
+	func(serial string, want testenv.LinuxGuestStatus) {
+		Expect(testenv.ParseLinuxGuest(serial)).To(Equal(want))
+	},
+	Entry("a first boot writing two pieces",
+		"SYSLINUX 6.04\r\nKQG BOOT 1\r\nKQG GOLDEN OK\r\nKQG VERIFIED 0/0\r\nKQG PUBLISHED 1 aa\r\nKQG PUBLISHED 2 bb\r\nKQG DONE\r\n",
+		testenv.LinuxGuestStatus{Boot: 1, Golden: "OK", Published: map[int]string{1: "aa", 2: "bb"}, Trimmed: -1, Done: true}),
+	Entry("a second boot, one piece lost, the first boot's lines left out",
+		"KQG BOOT 1\r\nKQG PUBLISHED 1 aa\r\nKQG BOOT 2\r\nKQG GOLDEN OK\r\nKQG BAD 1\r\nKQG VERIFIED 1/2\r\nKQG TRIMMED 4096\r\nKQG FULL\r\n",
+		testenv.LinuxGuestStatus{Boot: 2, Golden: "OK", Verified: 1, Listed: 2, Bad: []int{1}, Published: map[int]string{}, Trimmed: 4096, Full: true}),
+)
