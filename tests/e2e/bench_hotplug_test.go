@@ -35,7 +35,7 @@ import (
 
 const hotplugBenchRuns = 20
 
-var _ = Describe("virtctl addvolume to Ready", Label("bench"), Ordered, func() {
+var _ = Describe("virtctl addvolume to Ready", Label("bench", bootSectorGuestLabel), Ordered, func() {
 	const (
 		vm    = "bench-hotplug"
 		claim = "bench-hotplug-data"

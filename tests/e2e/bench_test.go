@@ -52,7 +52,7 @@ const (
 	benchPoll = 200 * time.Millisecond
 )
 
-var _ = Describe("start to first serial line", Label("bench"), Ordered, func() {
+var _ = Describe("start to first serial line", Label("bench", bootSectorGuestLabel), Ordered, func() {
 	var golden string
 
 	BeforeAll(func(ctx SpecContext) {

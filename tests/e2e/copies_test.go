@@ -43,7 +43,7 @@ func patchKubeVirtConfig(ctx context.Context, ops string) {
 
 // Snapshots, exports and clones copy a VM's claims one by one; an overlay
 // is no claim, so virt-api refuses them for a VM with overlay volumes.
-var _ = Describe("copies of a VM with overlay volumes", Ordered, func() {
+var _ = Describe("copies of a VM with overlay volumes", Ordered, Label(bootSectorGuestLabel), func() {
 	const vm = "copies-overlay"
 
 	BeforeAll(func(ctx SpecContext) {

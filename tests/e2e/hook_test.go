@@ -86,7 +86,7 @@ func qemuIO(ctx context.Context, vm, cmd string) {
 // With the Sidecar gate (deploy/kubevirt-hook adds it), an unpatched
 // KubeVirt's hook API makes the overlays: the hook image from `make images`
 // on the node.
-var _ = Describe("the overlay hook sidecar", Ordered, func() {
+var _ = Describe("the overlay hook sidecar", Ordered, Label(bootSectorGuestLabel), func() {
 	const store = "hook-store"
 	var golden, goldenSHA string
 

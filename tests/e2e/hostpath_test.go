@@ -36,7 +36,7 @@ import (
 // with no HostDisk gate; a VM's target is its own directory, and
 // virt-handler resolves every path on the node, where a link can lead
 // anywhere.
-var _ = Describe("overlay host paths on the node", Ordered, func() {
+var _ = Describe("overlay host paths on the node", Ordered, Label(bootSectorGuestLabel), func() {
 	const (
 		images   = "/var/lib/e2e-images"
 		overlays = "/var/lib/e2e-overlays"

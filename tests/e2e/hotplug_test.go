@@ -153,7 +153,7 @@ func openFiles(ctx context.Context, pattern string) int {
 	return len(strings.Fields(out))
 }
 
-var _ = Describe("containerDisk hotplug with virtctl", Ordered, func() {
+var _ = Describe("containerDisk hotplug with virtctl", Ordered, Label(bootSectorGuestLabel), func() {
 	const vm = "hotplug-cd"
 	var diskDigest string
 	image := func(volume string) string { return "/var/run/kubevirt/hotplug-disks/" + volume + ".img" }
@@ -291,7 +291,7 @@ func imageMounts(ctx context.Context, volume string) int {
 	return n
 }
 
-var _ = Describe("containerDisk hotplug under faults", Ordered, func() {
+var _ = Describe("containerDisk hotplug under faults", Ordered, Label(bootSectorGuestLabel), func() {
 	const (
 		vm    = "hotplug-faults"
 		claim = "faults-data"

@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -35,9 +36,13 @@ import (
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
-// linuxGuestLabel marks the specs that boot the Linux test guest
-// (hack/guest-image.sh) rather than the boot sector.
-const linuxGuestLabel = "linux-guest"
+// The guest a spec's VMs boot, named in the suite's spec table: the Linux
+// test guest (hack/guest-image.sh) or the boot-sector writer
+// (internal/testenv/guest).
+const (
+	linuxGuestLabel      = "linux-guest"
+	bootSectorGuestLabel = "boot-sector-guest"
+)
 
 // linuxTimeout bounds a boot of the Linux guest and its work: it runs
 // emulated where KVM cannot boot it (hack/cluster.sh says so at install).
@@ -140,14 +145,48 @@ overlay:
 		Expect(kubectl(ctx, "-n", namespace, "delete", "pod", launcherPod(ctx, vm), "--grace-period=0", "--force")).Error().ToNot(HaveOccurred())
 	}
 
+	// crashTarget is where a crash spec keeps its overlay: the volume's
+	// YAML, and the overlay's image on this machine once the target
+	// claim exists (and, for a provisioned one, is bound).
+	type crashTarget struct {
+		volume string
+		image  func(ctx context.Context) string
+		// grown tells, for a thin volume, that the claim grew while the
+		// guest wrote: the crash comes after that.
+		grown func(ctx context.Context, vm string) bool
+	}
+	fileTarget := func(ctx context.Context, vm string) crashTarget {
+		image := filepath.Join(emptyFilesystemClaim(ctx, vm+"-target", 512<<20), "disk.qcow2")
+		return crashTarget{volume: persistent(vm + "-target"), image: func(context.Context) string { return image }}
+	}
+	blockTarget := func(ctx context.Context, vm string) crashTarget {
+		device := blockClaim(ctx, vm+"-target", 192<<20)
+		return crashTarget{volume: persistent(vm + "-target"), image: func(context.Context) string { return device }}
+	}
+	thinTarget := func(ctx context.Context, vm string) crashTarget {
+		deployCSILoop(ctx)
+		claim := vm + "-target"
+		Expect(kubectl(ctx, "-n", namespace, "delete", "pvc", claim, "--ignore-not-found", "--wait=true")).Error().ToNot(HaveOccurred())
+		thinClaim(ctx, claim, 8<<20)
+		return crashTarget{
+			volume: persistent(claim) + "\n  thinProvisioning: {chunkSize: 8Mi, freeThreshold: 4Mi}",
+			image:  func(ctx context.Context) string { return csiLoopVolume(ctx, claim) },
+			grown: func(ctx context.Context, vm string) bool {
+				return len(vmiEvents(ctx, vm, "ExpandingThinVolume")) > 0
+			},
+		}
+	}
+
 	DescribeTable("keeps every piece the guest made durable when it crashes while writing, and the overlay checks clean",
-		func(ctx SpecContext, vm string, targetOf func(ctx context.Context) string, crash func(ctx context.Context, vm string)) {
+		func(ctx SpecContext, vm string, targetOf func(ctx context.Context, vm string) crashTarget, crash func(ctx context.Context, vm string)) {
 			deleteVM(ctx, vm)
-			target := targetOf(ctx)
-			Expect(apply(ctx, linuxVMYAML(vm, "Manual", "pieces=all", persistent(vm+"-target")))).To(Succeed())
+			target := targetOf(ctx, vm)
+			Expect(apply(ctx, linuxVMYAML(vm, "Manual", "pieces=all", target.volume))).To(Succeed())
 			Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
-			waitVMIReady(ctx, vm)
-			before := waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return len(s.Published) >= 3 })
+			waitVMIRunning(ctx, vm)
+			before := waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool {
+				return len(s.Published) >= 3 && (target.grown == nil || target.grown(ctx, vm))
+			})
 			Expect(before.Golden).To(Equal("OK"))
 
 			crash(ctx, vm)
@@ -155,17 +194,18 @@ overlay:
 				return kubectl(ctx, "-n", namespace, "get", "vmi", vm, "--ignore-not-found", "-o", "jsonpath={.status.phase}")
 			}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(BeElementOf("Failed", "Succeeded", ""))
 			// QEMU is gone: the overlay is as the crash left it.
-			afterCrash := checkImage(ctx, target)
+			image := target.image(ctx)
+			afterCrash := checkImage(ctx, image)
 
 			// The next boot only reads back what was published.
 			Expect(kubectl(ctx, "-n", namespace, "patch", "vm", vm, "--type=merge",
 				"-p", `{"spec":{"template":{"spec":{"domain":{"firmware":{"serial":"pieces=0"}}}}}}`)).Error().ToNot(HaveOccurred())
 			Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
-			waitVMIReady(ctx, vm)
+			waitVMIRunning(ctx, vm)
 			after := waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return s.Done })
 			Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
 			waitVMIGone(ctx, vm)
-			afterReboot := checkImage(ctx, target)
+			afterReboot := checkImage(ctx, image)
 
 			AddReportEntry("crash consistency", fmt.Sprintf(
 				"published before the crash (at least): %d; verified after it: %d of %d listed; "+
@@ -182,14 +222,46 @@ overlay:
 			}
 			deleteVM(ctx, vm)
 		},
-		Entry("QEMU killed, on a Filesystem target claim", "crash-fs", func(ctx context.Context) string {
-			return filepath.Join(emptyFilesystemClaim(ctx, "crash-fs-target", 512<<20), "disk.qcow2")
-		}, killQEMU, SpecTimeout(25*time.Minute)),
-		Entry("QEMU killed, on a Block-mode target claim", "crash-block", func(ctx context.Context) string {
-			return blockClaim(ctx, "crash-block-target", 192<<20)
-		}, killQEMU, SpecTimeout(25*time.Minute)),
-		Entry("the virt-launcher pod deleted with no grace period, on a Filesystem target claim", "crash-pod", func(ctx context.Context) string {
-			return filepath.Join(emptyFilesystemClaim(ctx, "crash-pod-target", 512<<20), "disk.qcow2")
-		}, deletePod, SpecTimeout(25*time.Minute)),
+		Entry("QEMU killed, on a Filesystem target claim", "crash-fs", fileTarget, killQEMU, SpecTimeout(25*time.Minute)),
+		Entry("QEMU killed, on a Block-mode target claim", "crash-block", blockTarget, killQEMU, SpecTimeout(25*time.Minute)),
+		Entry("QEMU killed while its thin volume grows", "crash-thin", thinTarget, killQEMU, SpecTimeout(25*time.Minute)),
+		Entry("the virt-launcher pod deleted with no grace period, on a Filesystem target claim", "crash-pod", fileTarget, deletePod, SpecTimeout(25*time.Minute)),
+	)
+
+	// scratch is what the guest writes and deletes before it trims
+	// (hack/guest/guest-test).
+	const scratch = 32 << 20
+
+	DescribeTable("gives back the space of what the guest deletes and trims",
+		func(ctx SpecContext, vm string, targetOf func(ctx context.Context) (target, file string)) {
+			deleteVM(ctx, vm)
+			_, file := targetOf(ctx)
+			Expect(apply(ctx, linuxVMYAML(vm, "Manual", "pieces=0,trim", persistent(vm+"-target")))).To(Succeed())
+			Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
+			waitVMIReady(ctx, vm)
+			status := waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return s.Done })
+			Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
+			waitVMIGone(ctx, vm)
+			allocated := allocatedBytes(file)
+			AddReportEntry("discard", fmt.Sprintf("fstrim released %d bytes; the target holds %d bytes after the guest wrote and deleted %d",
+				status.Trimmed, allocated, scratch))
+			Expect(status.Trimmed).To(BeNumerically(">=", scratch))
+			Expect(allocated).To(BeNumerically("<", scratch/2))
+			deleteVM(ctx, vm)
+		},
+		Entry("on a Filesystem target claim", "trim-fs", func(ctx context.Context) (string, string) {
+			target := filepath.Join(emptyFilesystemClaim(ctx, "trim-fs-target", 512<<20), "disk.qcow2")
+			return target, target
+		}, SpecTimeout(15*time.Minute)),
+		Entry("on a Block-mode target claim, down to the loop device's file", "trim-block", func(ctx context.Context) (string, string) {
+			return blockClaim(ctx, "trim-block-target", 192<<20), filepath.Join(volumesDir, "trim-block-target.img")
+		}, SpecTimeout(15*time.Minute)),
 	)
 })
+
+// allocatedBytes is how much of the file the file system holds.
+func allocatedBytes(path string) int64 {
+	var st syscall.Stat_t
+	Expect(syscall.Stat(path, &st)).To(Succeed())
+	return st.Blocks * 512
+}

@@ -103,7 +103,7 @@ func nodeLeftovers(ctx context.Context, uid string) string {
 	return strings.TrimSpace(out)
 }
 
-var _ = Describe("overlay volumes through the API", Ordered, func() {
+var _ = Describe("overlay volumes through the API", Ordered, Label(bootSectorGuestLabel), func() {
 	var golden, goldenSHA string
 
 	BeforeAll(func(ctx SpecContext) {

@@ -118,7 +118,22 @@ func pausedReason(ctx context.Context, vm string) (string, error) {
 		`jsonpath={.status.conditions[?(@.type=="Paused")].reason}`)
 }
 
-var _ = Describe("thin volumes grown by a real CSI resizer", Ordered, func() {
+// thinClaim makes a Block-mode claim of size bytes on the csi-loop driver,
+// which the external-resizer grows.
+func thinClaim(ctx context.Context, name string, size int64) {
+	Expect(apply(ctx, fmt.Sprintf(`
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: %s, namespace: %s}
+spec:
+  accessModes: [ReadWriteOnce]
+  volumeMode: Block
+  storageClassName: csi-loop
+  resources: {requests: {storage: %d}}
+`, name, namespace, size))).To(Succeed())
+}
+
+var _ = Describe("thin volumes grown by a real CSI resizer", Ordered, Label(bootSectorGuestLabel), func() {
 	const (
 		golden  = "thin-golden"
 		initial = 8 << 20
@@ -135,18 +150,6 @@ var _ = Describe("thin volumes grown by a real CSI resizer", Ordered, func() {
 		goldenImage = goldenWriting(ctx, golden, params)
 	})
 
-	thinClaim := func(ctx context.Context, name string) {
-		Expect(apply(ctx, fmt.Sprintf(`
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: %s, namespace: %s}
-spec:
-  accessModes: [ReadWriteOnce]
-  volumeMode: Block
-  storageClassName: csi-loop
-  resources: {requests: {storage: %d}}
-`, name, namespace, initial))).To(Succeed())
-	}
 	thinVM := func(name, target string) string {
 		return vmYAML(name, "Always", fmt.Sprintf(`
 overlay:
@@ -187,7 +190,7 @@ overlay:
 		// alone.
 		createServiceAccount(ctx, author, "kubevirt.io:edit")
 		createTenant(ctx)
-		thinClaim(ctx, target)
+		thinClaim(ctx, target, initial)
 		DeferCleanup(func(ctx SpecContext) {
 			Expect(kubectl(ctx, "-n", namespace, "delete", "pvc", target, "--ignore-not-found", "--wait=true")).Error().ToNot(HaveOccurred())
 		})
@@ -209,7 +212,7 @@ overlay:
 		const vm, target = "thin", "thin-target"
 		goldenSHA, err := testenv.SHA256(goldenImage)
 		Expect(err).ToNot(HaveOccurred())
-		thinClaim(ctx, target)
+		thinClaim(ctx, target, initial)
 		Expect(apply(ctx, thinVM(vm, target))).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
 			deleteVM(ctx, vm)
@@ -251,7 +254,7 @@ spec:
 		DeferCleanup(func(ctx SpecContext) {
 			Expect(kubectl(ctx, "-n", namespace, "delete", "resourcequota", quota, "--ignore-not-found")).Error().ToNot(HaveOccurred())
 		})
-		thinClaim(ctx, target)
+		thinClaim(ctx, target, initial)
 		Expect(apply(ctx, thinVM(vm, target))).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
 			deleteVM(ctx, vm)

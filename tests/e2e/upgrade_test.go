@@ -134,7 +134,7 @@ func expectStillRunning(ctx context.Context, vm, pod string) {
 // From a stock KubeVirt v1.7.0 to the patched one and back, each way as
 // docs/install.md tells an administrator; the node starts fresh with the
 // stock release (hack/cluster.sh kubevirt-stock).
-var _ = Describe("upgrade from stock KubeVirt and rollback", Ordered, Label(upgradeLabel), func() {
+var _ = Describe("upgrade from stock KubeVirt and rollback", Ordered, Label(upgradeLabel, bootSectorGuestLabel), func() {
 	const (
 		plain      = "stock-plain"
 		persistent = "upgraded-persistent"

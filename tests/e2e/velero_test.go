@@ -343,7 +343,7 @@ func dataUploadOf(ctx context.Context, backup string) dataUpload {
 	return list.Items[0]
 }
 
-var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(veleroLabel), func() {
+var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(veleroLabel, bootSectorGuestLabel), func() {
 	const (
 		vmNamespace = "velero-vms"
 		vm          = "vm"

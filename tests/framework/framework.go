@@ -25,6 +25,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,8 +52,9 @@ func RunSuite(t *testing.T, description string) {
 	ginkgo.RunSpecs(t, description)
 }
 
-// At its end every suite prints each spec it ran with its state and time,
-// so that a CI log says which spec took how long, whatever the verbosity.
+// At its end every suite prints each spec it ran with its state, time and
+// labels, so that a CI log says which spec took how long, whatever the
+// verbosity, and which guest or infrastructure it used.
 var _ = ginkgo.ReportAfterSuite("spec times", func(r ginkgo.Report) {
 	fmt.Printf("\n%s: spec times\n", r.SuiteDescription)
 	for _, spec := range r.SpecReports {
@@ -60,7 +62,11 @@ var _ = ginkgo.ReportAfterSuite("spec times", func(r ginkgo.Report) {
 		if spec.LeafNodeType != types.NodeTypeIt || spec.State == types.SpecStateSkipped && spec.Failure.Message == "" {
 			continue
 		}
-		fmt.Printf("%7.1f s  %-8s %s\n", spec.RunTime.Seconds(), spec.State, spec.FullText())
+		labels := ""
+		if len(spec.Labels()) > 0 {
+			labels = " [" + strings.Join(spec.Labels(), ", ") + "]"
+		}
+		fmt.Printf("%7.1f s  %-8s %s%s\n", spec.RunTime.Seconds(), spec.State, spec.FullText(), labels)
 	}
 })
 
