@@ -20,6 +20,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -33,7 +34,8 @@ import (
 func LinuxGuestImage(ctx context.Context) (string, error) {
 	out, err := exec.CommandContext(ctx, filepath.Join(RepoRoot(), "hack", "guest-image.sh")).Output()
 	if err != nil {
-		if exitErr, ok := err.(*exec.ExitError); ok {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
 			return "", fmt.Errorf("hack/guest-image.sh: %w: %s", err, exitErr.Stderr)
 		}
 		return "", fmt.Errorf("hack/guest-image.sh: %w", err)
