@@ -102,6 +102,7 @@ lint:
 	$(GO) vet ./...
 	$$(hack/golangci-lint.sh) run ./...
 	shellcheck -x hack/*.sh .ci/run
+	shellcheck -s sh hack/guest/guest-test hack/guest/initramfs-init
 	hack/check-licence.sh
 
 # Fast tests with no root infrastructure, under the race detector: the
