@@ -546,7 +546,7 @@ install_kubevirt() {
 		kubevirt_failed "virt-operator did not become ready"
 	node_kubectl "${verb}" -f "${cr}" >/dev/null
 	local why
-	if why=$(kvm_unusable); then
+	if why=$(emulation_reason); then
 		log "VMs run emulated (KubeVirt's useEmulation): ${why}"
 		node_kubectl -n kubevirt patch kubevirt kubevirt --type merge \
 			-p '{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true}}}}' >/dev/null
@@ -556,14 +556,19 @@ install_kubevirt() {
 	log "KubeVirt Available in $((SECONDS - start))s"
 }
 
-# kvm_unusable says why VMs cannot use KVM here, and fails when they can.
-# A /dev/kvm may still not boot a stock Linux kernel (nested KVM of some
-# hosts stops it in its first seconds): the Linux test guest is booted
-# with KVM once, and the outcome kept in the cache, keyed by the kernel
-# and the guest.
-kvm_unusable() {
+# emulation_reason says why VMs must run emulated here, and fails when
+# they can use KVM. Without /dev/vhost-net KubeVirt cannot schedule a VM on
+# the pod network unless it runs emulated. A /dev/kvm may still not boot a
+# stock Linux kernel (nested KVM of some hosts stops it in its first
+# seconds): the Linux test guest is booted with KVM once, and the outcome
+# kept in the cache, keyed by the kernel and the guest.
+emulation_reason() {
 	if [[ ! -c /dev/kvm ]]; then
 		echo "this host has no /dev/kvm"
+		return 0
+	fi
+	if [[ ! -c /dev/vhost-net ]]; then
+		echo "this host has no /dev/vhost-net, which KubeVirt asks of every VM on the pod network unless VMs run emulated"
 		return 0
 	fi
 	local image
