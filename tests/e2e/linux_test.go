@@ -20,7 +20,6 @@ package e2e_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -48,33 +47,11 @@ const (
 // emulated where KVM cannot boot it (hack/cluster.sh says so at install).
 const linuxTimeout = 8 * time.Minute
 
-// linuxVMYAML is a VirtualMachine booting the Linux test guest from
-// rootdisk, told what to do by orders (its SMBIOS serial, see
+// linuxVMYAML is vmYAML booting the Linux test guest from rootdisk, with
+// the memory it needs, told what to do by orders (its SMBIOS serial, see
 // hack/guest/guest-test).
 func linuxVMYAML(name, runStrategy, orders, volumeSource string) string {
-	return fmt.Sprintf(`
-apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata: {name: %s, namespace: %s}
-spec:
-  runStrategy: %s
-  template:
-    spec:
-      terminationGracePeriodSeconds: 0
-      domain:
-        cpu: {features: [{name: arch-capabilities, policy: disable}]}
-        firmware: {serial: "%s"}
-        resources: {requests: {memory: 256Mi}}
-        devices:
-          autoattachPodInterface: false
-          autoattachGraphicsDevice: false
-          disks:
-          - name: rootdisk
-            disk: {bus: virtio}
-      volumes:
-      - name: rootdisk
-%s
-`, name, namespace, runStrategy, orders, indent(volumeSource, "        "))
+	return guestVMYAML(name, runStrategy, "256Mi", orders, volumeSource)
 }
 
 // linuxGolden makes the Linux test guest the golden image, disk.img on a
@@ -107,18 +84,11 @@ func waitLinuxGuest(ctx context.Context, vm string, until func(testenv.LinuxGues
 	return status
 }
 
-// qemuImgCheck is what qemu-img check says of the image at path, read
+// checkImage is what qemu-img check says of the image at path, read
 // without its backing.
-type qemuImgCheck struct {
-	CheckErrors int `json:"check-errors"`
-	Corruptions int `json:"corruptions"`
-	Leaks       int `json:"leaks"`
-}
-
-func checkImage(ctx context.Context, path string) qemuImgCheck {
-	out, _ := testenv.QemuImg(ctx, "check", "--output=json", qcow2.WithoutBacking(path, qcow2.FormatQcow2))
-	var check qemuImgCheck
-	Expect(json.Unmarshal([]byte(out), &check)).To(Succeed(), "qemu-img check of %s: %q", path, out)
+func checkImage(ctx context.Context, path string) *qcow2.CheckResult {
+	check, err := qcow2.Tool{}.Check(ctx, qcow2.WithoutBacking(path, qcow2.FormatQcow2), qcow2.InfoOptions{})
+	Expect(err).ToNot(HaveOccurred())
 	return check
 }
 
@@ -216,7 +186,7 @@ overlay:
 			Expect(after.Boot).To(Equal(2))
 			Expect(after.Consistent()).To(BeTrue(), "the guest after the crash: %+v", after)
 			Expect(after.Listed).To(BeNumerically(">=", len(before.Published)))
-			for _, check := range []qemuImgCheck{afterCrash, afterReboot} {
+			for _, check := range []*qcow2.CheckResult{afterCrash, afterReboot} {
 				Expect(check.CheckErrors).To(BeZero())
 				Expect(check.Corruptions).To(BeZero())
 			}

@@ -44,6 +44,16 @@ const (
 // (kvm-pvm), QEMU aborts with "failed to set MSR 0x10a" otherwise; the
 // test guest never reads it.
 func vmYAML(name, runStrategy, volumeSource string) string {
+	return guestVMYAML(name, runStrategy, "64Mi", "", volumeSource)
+}
+
+// guestVMYAML is vmYAML with the guest's memory and, unless empty, its
+// SMBIOS serial.
+func guestVMYAML(name, runStrategy, memory, serial, volumeSource string) string {
+	firmware := ""
+	if serial != "" {
+		firmware = fmt.Sprintf("\n        firmware: {serial: %q}", serial)
+	}
 	return fmt.Sprintf(`
 apiVersion: kubevirt.io/v1
 kind: VirtualMachine
@@ -54,8 +64,8 @@ spec:
     spec:
       terminationGracePeriodSeconds: 0
       domain:
-        cpu: {features: [{name: arch-capabilities, policy: disable}]}
-        resources: {requests: {memory: 64Mi}}
+        cpu: {features: [{name: arch-capabilities, policy: disable}]}%s
+        resources: {requests: {memory: %s}}
         devices:
           autoattachPodInterface: false
           autoattachGraphicsDevice: false
@@ -65,7 +75,7 @@ spec:
       volumes:
       - name: rootdisk
 %s
-`, name, namespace, runStrategy, indent(volumeSource, "        "))
+`, name, namespace, runStrategy, firmware, memory, indent(volumeSource, "        "))
 }
 
 func indent(s, prefix string) string {
