@@ -138,6 +138,12 @@ overlay:
 		claim := vm + "-target"
 		Expect(kubectl(ctx, "-n", namespace, "delete", "pvc", claim, "--ignore-not-found", "--wait=true")).Error().ToNot(HaveOccurred())
 		thinClaim(ctx, claim, 8<<20)
+		// The claim counts against quotas on the driver's class, which
+		// the thin volume specs set.
+		DeferCleanup(func(ctx SpecContext) {
+			deleteVM(ctx, vm)
+			Expect(kubectl(ctx, "-n", namespace, "delete", "pvc", claim, "--ignore-not-found", "--wait=true")).Error().ToNot(HaveOccurred())
+		})
 		return crashTarget{
 			volume: persistent(claim) + "\n  thinProvisioning: {chunkSize: 8Mi, freeThreshold: 4Mi}",
 			image:  func(ctx context.Context) string { return csiLoopVolume(ctx, claim) },

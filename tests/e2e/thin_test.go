@@ -244,13 +244,21 @@ overlay:
 		goldenSHA, err := testenv.SHA256(goldenImage)
 		Expect(err).ToNot(HaveOccurred())
 		// The claim may grow once, to two chunks; the guest needs five.
+		// Claims of other specs on the class count too.
+		out, err := kubectl(ctx, "-n", namespace, "get", "pvc", "-o",
+			`jsonpath={.items[?(@.spec.storageClassName=="csi-loop")].spec.resources.requests.storage}`)
+		Expect(err).ToNot(HaveOccurred())
+		used := int64(0)
+		for _, q := range strings.Fields(out) {
+			used += quantityBytes(q)
+		}
 		Expect(apply(ctx, fmt.Sprintf(`
 apiVersion: v1
 kind: ResourceQuota
 metadata: {name: %s, namespace: %s}
 spec:
   hard: {csi-loop.storageclass.storage.k8s.io/requests.storage: "%d"}
-`, quota, namespace, 2*initial))).To(Succeed())
+`, quota, namespace, used+2*initial))).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
 			Expect(kubectl(ctx, "-n", namespace, "delete", "resourcequota", quota, "--ignore-not-found")).Error().ToNot(HaveOccurred())
 		})
