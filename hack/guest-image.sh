@@ -70,7 +70,9 @@ cache_key() {
 	{
 		local pkg
 		for pkg in "${PACKAGES[@]}" "$(kernel_package)"; do echo "${pkg} $(candidate "${pkg}")"; done
-		find "${GUEST_DIR}" "${BASH_SOURCE[0]}" -type f -print0 | sort -z | xargs -0 sha256sum | sed 's# .*/# #'
+		# Paths relative to the tree: the key must not depend on how the
+		# script was called.
+		(cd "${QCOW2_ROOT}" && find hack/guest hack/guest-image.sh -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
 	} | sha256sum | cut -c1-16
 }
 
@@ -178,6 +180,8 @@ main() {
 		echo "${kver}" >"${dir}/kernel-version"
 		mv "${work}/guest.raw" "${image}.new"
 		mv "${image}.new" "${image}"
+		# Guests of other package versions or programs are not used again.
+		find "${QCOW2_CACHE}/guest" -mindepth 1 -maxdepth 1 -name 'linux-*' ! -path "${dir}" -exec rm -rf {} +
 	fi
 	echo "${image}"
 }
