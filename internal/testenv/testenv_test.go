@@ -116,3 +116,28 @@ var _ = DescribeTable("ParseLinuxGuest keeps what the Linux test guest said in i
 		"KQG BOOT 1\r\nKQG PUBLISHED 1 aa\r\nKQG BOOT 2\r\nKQG GOLDEN OK\r\nKQG BAD 1\r\nKQG VERIFIED 1/2\r\nKQG TRIMMED 4096\r\nKQG FULL\r\n",
 		testenv.LinuxGuestStatus{Boot: 2, Golden: "OK", Verified: 1, Listed: 2, Bad: []int{1}, Published: map[int]string{}, Trimmed: 4096, Full: true}),
 )
+
+var _ = Describe("the commands of a document", func() {
+	const doc = "# Title\n\n```sh\nmake\n```\n\n## Install\n\nText.\n\n```sh\nkubectl apply -k deploy/kubevirt   # the images first\n```\n\n" +
+		"### Gates\n\n```sh\nkubectl patch kubevirt kubevirt\n```\n\n```yaml\nkind: KubeVirt\n```\n\n## Roll back\n\n```sh\nkubectl apply -k deploy/kubevirt/rollback\n```\n"
+	var file string
+	BeforeEach(func() {
+		file = filepath.Join(GinkgoT().TempDir(), "doc.md")
+		Expect(os.WriteFile(file, []byte(doc), 0o644)).To(Succeed())
+	})
+
+	It("are the shell blocks of a section and its subsections, up to the next heading of its level", func() {
+		Expect(testenv.DocShellBlocks(file, "## Install")).To(Equal([]string{
+			"kubectl apply -k deploy/kubevirt   # the images first\n", "kubectl patch kubevirt kubevirt\n"}))
+		Expect(testenv.DocShellBlocks(file, "### Gates")).To(Equal([]string{"kubectl patch kubevirt kubevirt\n"}))
+		Expect(testenv.DocShellBlocks(file, "# Title")).To(HaveLen(4))
+		_, err := testenv.DocShellBlocks(file, "## Upgrade")
+		Expect(err).To(MatchError(ContainSubstring(`no section "## Upgrade"`)))
+	})
+
+	It("give one command line by what it contains, without its comment", func() {
+		Expect(testenv.DocCommand(file, "## Install", "apply")).To(Equal([]string{"kubectl", "apply", "-k", "deploy/kubevirt"}))
+		_, err := testenv.DocCommand(file, "# Title", "kubectl")
+		Expect(err).To(MatchError(ContainSubstring("3 command lines")))
+	})
+})

@@ -53,6 +53,19 @@ func run(ctx context.Context, env []string, args ...string) (string, string, err
 	return stdout.String(), stderr.String(), err
 }
 
+// runDocumented runs a command line of the docs as a user types it, in
+// the tree's root.
+func runDocumented(ctx context.Context, line string) (string, string, error) {
+	cmd := exec.CommandContext(ctx, "bash", "-c", line)
+	cmd.Dir = testenv.RepoRoot()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	GinkgoWriter.Print(stdout.String(), stderr.String())
+	return stdout.String(), stderr.String(), err
+}
+
 // row is one disk of a disk usage table.
 type row struct {
 	kind, format       string
@@ -112,10 +125,20 @@ func processesNaming(path string) []string {
 }
 
 var _ = Describe("the local demo", func() {
-	It("runs end to end, and its table and chart agree with the images it keeps", func(ctx SpecContext) {
-		dir := GinkgoT().TempDir()
-		out, work := filepath.Join(dir, "out"), filepath.Join(dir, "work")
-		stdout, stderr, err := run(ctx, nil, "-out", out, "-work", work, "-keep-images")
+	It("runs end to end as docs/demo.md tells, and its table and chart agree with the images it keeps", func(ctx SpecContext) {
+		// The commands of "Output files" as written, one at a time: the
+		// demo keeping its images, a look at one, their removal.
+		blocks, err := testenv.DocShellBlocks("docs/demo.md", "## Output files")
+		Expect(err).ToNot(HaveOccurred())
+		Expect(blocks).To(HaveLen(1))
+		lines := strings.Split(strings.TrimSpace(blocks[0]), "\n")
+		Expect(lines).To(HaveLen(3))
+		out, work := filepath.Join(testenv.OutDir(), "demo"), filepath.Join(testenv.OutDir(), "demo-images")
+		Expect(work).ToNot(BeAnExistingFile(), "left by an earlier run")
+		Expect(lines[0]).To(ContainSubstring("-work _out/demo-images -keep-images"))
+		Expect(lines[2]).To(Equal("rm -r _out/demo-images"))
+		DeferCleanup(func() { Expect(os.RemoveAll(work)).To(Succeed()) })
+		stdout, stderr, err := runDocumented(ctx, lines[0])
 		Expect(err).ToNot(HaveOccurred(), stderr)
 
 		By("printing numbered steps, one line each, the last one the teardown")
@@ -133,7 +156,7 @@ var _ = Describe("the local demo", func() {
 		mounts, err := testenv.MountPoints()
 		Expect(err).ToNot(HaveOccurred())
 		for _, m := range mounts {
-			Expect(m.MountPoint).ToNot(HavePrefix(dir))
+			Expect(m.MountPoint).ToNot(HavePrefix(work))
 		}
 
 		By("writing a chart that decodes")
@@ -179,6 +202,14 @@ var _ = Describe("the local demo", func() {
 		info, err := tool.Info(ctx, golden, qcow2.InfoOptions{Format: "raw"})
 		Expect(err).ToNot(HaveOccurred())
 		Expect(last["golden"]).To(Equal(row{kind: "backing", format: "raw", virtual: info.VirtualSize, allocated: info.ActualSize}))
+
+		By("showing the kept overlay's backing file as the pod sees it, then removing the images")
+		stdout, stderr, err = runDocumented(ctx, lines[1])
+		Expect(err).ToNot(HaveOccurred(), stderr)
+		Expect(stdout).To(MatchRegexp(`(?m)^backing file: /var/run/kubevirt-private/`))
+		_, stderr, err = runDocumented(ctx, lines[2])
+		Expect(err).ToNot(HaveOccurred(), stderr)
+		Expect(work).ToNot(BeAnExistingFile())
 	}, SpecTimeout(15*time.Minute))
 
 	It("names what is missing and creates nothing", func(ctx SpecContext) {

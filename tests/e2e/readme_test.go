@@ -21,10 +21,7 @@ package e2e_test
 import (
 	"bytes"
 	"context"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,23 +39,6 @@ const readmeTrial = "## Try it on one machine"
 
 // userImage stands in the README for the user's own image.
 const userImage = "/path/to/image.raw"
-
-// readmeBlocks returns the shell blocks of the README's section titled
-// heading, in order.
-func readmeBlocks(heading string) []string {
-	readme, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "README.md"))
-	Expect(err).ToNot(HaveOccurred())
-	_, section, found := strings.Cut(string(readme), heading+"\n")
-	Expect(found).To(BeTrue(), "README.md has no section %q", heading)
-	if next := strings.Index(section, "\n## "); next >= 0 {
-		section = section[:next]
-	}
-	var blocks []string
-	for _, match := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(section, -1) {
-		blocks = append(blocks, match[1])
-	}
-	return blocks
-}
 
 // lockedBuffer collects a command's output while a spec reads it.
 type lockedBuffer struct {
@@ -97,7 +77,8 @@ var _ = Describe("the README's trial on one machine", Ordered, Label(linuxGuestL
 	})
 
 	It("brings the user's Linux image to Running with the commands as written, the guest booting", func(ctx SpecContext) {
-		blocks := readmeBlocks(readmeTrial)
+		blocks, err := testenv.DocShellBlocks("README.md", readmeTrial)
+		Expect(err).ToNot(HaveOccurred())
 		Expect(blocks).To(HaveLen(2), "the trial's shell blocks: the cluster, then the VM")
 		Expect(blocks[1]).To(ContainSubstring(userImage))
 		image, err := testenv.LinuxGuestImage(ctx)

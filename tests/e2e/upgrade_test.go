@@ -85,10 +85,17 @@ func deployKubeVirt() string {
 	return dir
 }
 
-// applyServerSide applies a kustomization the way docs/install.md does.
-func applyServerSide(ctx context.Context, dir string, flags ...string) {
-	args := append([]string{"apply", "--server-side", "--field-manager=kubevirt-qcow2"}, flags...)
-	out, err := kubectl(ctx, append(args, "-k", dir)...)
+// applyAsDocumented runs the kubectl command of docs/install.md's section
+// that applies the kustomization dir names, on the spec's filled-in copy
+// of it: the command as written, so the spec fails when the docs change.
+func applyAsDocumented(ctx context.Context, section, dir, copied string) {
+	words, err := testenv.DocCommand("docs/install.md", section, "-k "+dir)
+	Expect(err).ToNot(HaveOccurred())
+	Expect(words[0]).To(Equal("kubectl"))
+	args := words[1:]
+	Expect(args[len(args)-2:]).To(Equal([]string{"-k", dir}), "the command ends with the kustomization")
+	args[len(args)-1] = copied
+	out, err := kubectl(ctx, args...)
 	Expect(err).ToNot(HaveOccurred())
 	GinkgoWriter.Println(out)
 }
@@ -166,7 +173,7 @@ var _ = Describe("upgrade from stock KubeVirt and rollback", Ordered, Label(upgr
 		}
 		// What `docker push` would be with a registry.
 		Expect(run(ctx, clusterScript, append([]string{"import"}, images...)...)).To(Succeed())
-		applyServerSide(ctx, deploy, "--force-conflicts")
+		applyAsDocumented(ctx, "## Install", "deploy/kubevirt", deploy)
 		waitKubeVirtOn(ctx, patchedImage)
 		Expect(kubevirtGates(ctx)).To(ConsistOf(append(qcow2Gates, userGate)))
 
@@ -214,7 +221,7 @@ overlay:
 	}, SpecTimeout(15*time.Minute))
 
 	It("rolls back to the stock KubeVirt, keeping the cluster's gate and the running VM", func(ctx SpecContext) {
-		applyServerSide(ctx, filepath.Join(deploy, "rollback"))
+		applyAsDocumented(ctx, "## Roll back", "deploy/kubevirt/rollback", filepath.Join(deploy, "rollback"))
 		waitKubeVirtOn(ctx, stockImage)
 		Expect(kubevirtGates(ctx)).To(ConsistOf(userGate))
 		expectStillRunning(ctx, plain, plainPod)
