@@ -88,6 +88,7 @@ var _ = Describe("what a DataUpload stores", func() {
 		},
 		Entry("OADP's name", map[string]string{AnnotationForceFull: "true"}, true),
 		Entry("the name of earlier releases", map[string]string{AnnotationForceFullLegacy: "true"}, true),
+		Entry("OADP's name, in another case", map[string]string{AnnotationForceFull: "TRUE"}, true),
 		Entry("neither", map[string]string{AnnotationForceFull: "false"}, false),
 	)
 })

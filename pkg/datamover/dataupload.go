@@ -443,7 +443,7 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 
 func (r *DataUploadReconciler) planOptions(j *uploadJob, tracker *kubevirtbackup.VMBackupTracker) (backup.PlanOptions, error) {
 	opts := backup.PlanOptions{
-		ForceFull:             j.du.Annotations[AnnotationForceFull] == "true" || j.du.Annotations[AnnotationForceFullLegacy] == "true",
+		ForceFull:             ForceFull(j.du.Annotations),
 		MaxChainLength:        r.Config.MaxChainLength,
 		HypervisorCheckpoints: []string{},
 	}

@@ -46,7 +46,7 @@ const (
 	// AnnotationBackupName names the Velero backup when the DataUpload has
 	// no velero.io/backup-name label.
 	AnnotationBackupName = "kubevirt-datamover.io/backup-name"
-	// AnnotationForceFull "true" makes the backup full.
+	// AnnotationForceFull "true" (in any case) makes the backup full.
 	AnnotationForceFull = "kubevirt-datamover.io/force-full-backup"
 	// AnnotationForceFullLegacy is what AnnotationForceFull was called
 	// before it took OADP's name; it is still honoured.
@@ -161,4 +161,12 @@ func ownerOf(labels, annotations map[string]string, kind string) (types.Namespac
 		return types.NamespacedName{}, false
 	}
 	return types.NamespacedName{Namespace: ns, Name: name}, true
+}
+
+// ForceFull tells whether annotations ask for a full backup, under either
+// name: the plugin reads them on a Velero backup and its VM, the
+// controller on the DataUpload.
+func ForceFull(annotations map[string]string) bool {
+	return strings.EqualFold(annotations[AnnotationForceFull], "true") ||
+		strings.EqualFold(annotations[AnnotationForceFullLegacy], "true")
 }

@@ -21,7 +21,6 @@ package veleroplugin
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/sirupsen/logrus"
 	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
@@ -152,7 +151,7 @@ func newDataUpload(backup *velerov1.Backup, vm *kubevirtv1.VirtualMachine, first
 		datamover.AnnotationBackupName:  backup.Name,
 		datamover.AnnotationOperationID: opID,
 	}
-	if isTrue(backup.Annotations[datamover.AnnotationForceFull]) || isTrue(vm.Annotations[datamover.AnnotationForceFull]) {
+	if datamover.ForceFull(backup.Annotations) || datamover.ForceFull(vm.Annotations) {
 		annotations[datamover.AnnotationForceFull] = "true"
 	}
 	if size := vm.Annotations[datamover.AnnotationBackupPVCSize]; size != "" {
@@ -187,8 +186,6 @@ func newDataUpload(backup *velerov1.Backup, vm *kubevirtv1.VirtualMachine, first
 		},
 	}
 }
-
-func isTrue(s string) bool { return strings.EqualFold(s, "true") }
 
 // create creates du, or finds the one an earlier call for the same backup
 // and VM created.
