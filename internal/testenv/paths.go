@@ -16,7 +16,7 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-// Package framework holds what the functional suites under tests/ share:
+// Package testenv holds what the functional suites under tests/ share:
 // where the repository and its build outputs are, a private libvirtd, a
 // bootable test guest, disk images, loop devices and a Kubernetes API server.
 package testenv

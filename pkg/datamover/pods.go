@@ -132,7 +132,7 @@ func credentialsVolume(creds secretKey) corev1.Volume {
 		DefaultMode: ptr.To[int32](0o400)}}}
 }
 
-// podSpec is the common part of upload and restore pods.
+// pod is the common part of upload and restore pods.
 func (c *Config) pod(meta metav1.ObjectMeta, creds secretKey, args []string, env map[string]string) *corev1.Pod {
 	names := make([]string, 0, len(env))
 	for k := range env {
