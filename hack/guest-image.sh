@@ -19,8 +19,8 @@
 
 # Builds the Linux test guest, a bootable raw disk made only from Debian's
 # packages: an MBR (syslinux's) and one ext4 partition holding extlinux,
-# Debian's cloud kernel, a small initramfs that loads the virtio modules
-# the kernel lacks, and a root file system of busybox running the test
+# Debian's cloud kernel, a small initramfs that loads the virtio and SCSI
+# modules the kernel lacks, and a root file system of busybox running the test
 # program hack/guest/guest-test. The image is cached by the versions of
 # the packages and the digest of the files here; the path of the image is
 # printed.
@@ -36,12 +36,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 readonly GUEST_DIR=${QCOW2_ROOT}/hack/guest
 readonly PACKAGES=(linux-image-cloud-amd64 busybox-static extlinux syslinux-common)
-# The modules virtio-blk needs, in the order they load: Debian's cloud
-# kernel has ext4 built in, but not these.
+# The modules virtio-blk (the root disk) and virtio-scsi (KubeVirt's
+# hotplugged disks) need, in the order they load: Debian's cloud kernel has
+# ext4 built in, but not these.
 readonly MODULES=(
 	drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko
 	drivers/virtio/virtio_pci_legacy_dev.ko drivers/virtio/virtio_pci_modern_dev.ko
 	drivers/virtio/virtio_pci.ko drivers/block/virtio_blk.ko
+	drivers/scsi/scsi_common.ko drivers/scsi/scsi_mod.ko drivers/scsi/sd_mod.ko
+	drivers/scsi/virtio_scsi.ko
 )
 readonly IMAGE_MIB=128
 readonly PARTITION_START_SECTOR=2048
@@ -85,7 +88,7 @@ unpack() {
 	for deb in "${work}"/debs/*.deb; do dpkg-deb -x "${deb}" "${work}/pkg"; done
 }
 
-# initramfs WORK KVER: a newc archive that loads the virtio modules, mounts
+# initramfs WORK KVER: a newc archive that loads the modules, mounts
 # the root partition and hands over to its /sbin/init.
 initramfs() {
 	local work=$1 kver=$2 dir=${1}/initramfs module

@@ -63,6 +63,20 @@ type LinuxGuestStatus struct {
 	// Full tells that the guest stopped writing for want of room; Done that
 	// it has nothing more to do.
 	Full, Done bool
+	// Writes are the guest's writes to disks plugged in while it ran, in
+	// order.
+	Writes []DiskWrite
+}
+
+// DiskWrite is the Linux test guest's write at the start of a disk plugged
+// in while it ran.
+type DiskWrite struct {
+	// Device is the guest's name of the disk ("sda").
+	Device string
+	// Bytes written and their SHA-256; Failed when the disk refused them.
+	Bytes  int64
+	SHA256 string
+	Failed bool
 }
 
 // Consistent tells whether the guest saw its golden content and every
@@ -119,6 +133,13 @@ func ParseLinuxGuest(serial string) LinuxGuestStatus {
 			status.Full = true
 		case "DONE":
 			status.Done = true
+		case "WROTE":
+			switch {
+			case len(fields) == 3 && fields[2] == "FAILED":
+				status.Writes = append(status.Writes, DiskWrite{Device: fields[1], Failed: true})
+			case len(fields) == 4:
+				status.Writes = append(status.Writes, DiskWrite{Device: fields[1], Bytes: number(2), SHA256: fields[3]})
+			}
 		}
 	}
 	return status

@@ -115,6 +115,10 @@ var _ = DescribeTable("ParseLinuxGuest keeps what the Linux test guest said in i
 	Entry("a second boot, one piece lost, the first boot's lines left out",
 		"KQG BOOT 1\r\nKQG PUBLISHED 1 aa\r\nKQG BOOT 2\r\nKQG GOLDEN OK\r\nKQG BAD 1\r\nKQG VERIFIED 1/2\r\nKQG TRIMMED 4096\r\nKQG FULL\r\n",
 		testenv.LinuxGuestStatus{Boot: 2, Golden: "OK", Verified: 1, Listed: 2, Bad: []int{1}, Published: map[int]string{}, Trimmed: 4096, Full: true}),
+	Entry("writes to disks plugged in later, one refused",
+		"KQG BOOT 1\r\nKQG DONE\r\nKQG IDLE\r\nKQG WROTE sda FAILED\r\nKQG IDLE\r\nKQG WROTE sda 1048576 cc\r\nKQG IDLE\r\n",
+		testenv.LinuxGuestStatus{Boot: 1, Published: map[int]string{}, Trimmed: -1, Done: true, Writes: []testenv.DiskWrite{
+			{Device: "sda", Failed: true}, {Device: "sda", Bytes: 1 << 20, SHA256: "cc"}}}),
 )
 
 var _ = Describe("the commands of a document", func() {
