@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,31 +58,76 @@ func linuxVMYAML(name, runStrategy, orders, volumeSource string) string {
 // linuxGolden makes the Linux test guest the golden image, disk.img on a
 // Filesystem claim, and returns the image's path on this machine.
 func linuxGolden(ctx context.Context, name string) string {
+	return goldenClaim(ctx, name, func(image string) { copyLinuxGuest(ctx, image) })
+}
+
+// linuxDiskClaim is a writable claim of size bytes whose directory holds
+// the Linux test guest as disk.img, the launcher's user's (107) like the
+// directory; it returns the image's path.
+func linuxDiskClaim(ctx context.Context, name string, size int64) string {
+	dir := emptyFilesystemClaim(ctx, name, size)
+	image := copyLinuxGuest(ctx, filepath.Join(dir, "disk.img"))
+	Expect(os.Chown(dir, 107, 107)).To(Succeed())
+	Expect(os.Chown(image, 107, 107)).To(Succeed())
+	return image
+}
+
+// copyLinuxGuest copies the Linux test guest's image, built once, to path.
+func copyLinuxGuest(ctx context.Context, path string) string {
 	guest, err := testenv.LinuxGuestImage(ctx)
 	framework.Require(err, "the Linux test guest (hack/guest-image.sh)")
-	dir := filepath.Join(volumesDir, name)
-	Expect(os.RemoveAll(dir)).To(Succeed())
-	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
-	image := filepath.Join(dir, "disk.img")
-	Expect(exec.CommandContext(ctx, "cp", "--sparse=always", guest, image).Run()).To(Succeed())
-	info, err := os.Stat(image)
-	Expect(err).ToNot(HaveOccurred())
-	localClaim(ctx, name, dir, "Filesystem", "ReadOnlyMany", info.Size())
-	return image
+	Expect(exec.CommandContext(ctx, "cp", "--sparse=always", guest, path).Run()).To(Succeed())
+	return path
 }
 
 // waitLinuxGuest waits until the Linux guest in the VM's running pod said
 // what until asks for, and returns what it said.
 func waitLinuxGuest(ctx context.Context, vm string, until func(testenv.LinuxGuestStatus) bool) testenv.LinuxGuestStatus {
-	pod := launcherPod(ctx, vm)
+	return waitLinuxGuestIn(ctx, namespace, vm, until)
+}
+
+// waitLinuxGuestIn is waitLinuxGuest for a VM of namespace ns.
+func waitLinuxGuestIn(ctx context.Context, ns, vm string, until func(testenv.LinuxGuestStatus) bool) testenv.LinuxGuestStatus {
 	var status testenv.LinuxGuestStatus
 	Eventually(func(g Gomega) {
-		out, err := kubectl(ctx, "-n", namespace, "logs", pod, "-c", "guest-console-log")
+		pods, err := kubectl(ctx, "-n", ns, "get", "pods", "-l", "vm.kubevirt.io/name="+vm,
+			"--field-selector=status.phase=Running", "-o", "jsonpath={.items[*].metadata.name}")
+		g.Expect(err).ToNot(HaveOccurred())
+		g.Expect(strings.Fields(pods)).To(HaveLen(1), "running virt-launcher pods of %s", vm)
+		out, err := kubectl(ctx, "-n", ns, "logs", pods, "-c", "guest-console-log")
 		g.Expect(err).ToNot(HaveOccurred())
 		status = testenv.ParseLinuxGuest(testenv.WholeLines(out))
 		g.Expect(until(status)).To(BeTrue(), "guest serial so far: %q", out)
 	}).WithContext(ctx).WithTimeout(linuxTimeout).WithPolling(2 * time.Second).Should(Succeed())
 	return status
+}
+
+// waitLinuxDone waits until the Linux guest did what it was told, and
+// checks that it read back its golden content and every piece published
+// before this boot.
+func waitLinuxDone(ctx context.Context, vm string) testenv.LinuxGuestStatus {
+	return waitLinuxDoneIn(ctx, namespace, vm)
+}
+
+// waitLinuxDoneIn is waitLinuxDone for a VM of namespace ns.
+func waitLinuxDoneIn(ctx context.Context, ns, vm string) testenv.LinuxGuestStatus {
+	status := waitLinuxGuestIn(ctx, ns, vm, func(s testenv.LinuxGuestStatus) bool { return s.Done })
+	Expect(status.Consistent()).To(BeTrue(), "the guest of %s/%s: %+v", ns, vm, status)
+	return status
+}
+
+// setGuestOrders sets what the VM's Linux guest does at its next boot
+// (hack/guest/guest-test).
+func setGuestOrders(ctx context.Context, vm, orders string) {
+	Expect(kubectl(ctx, "-n", namespace, "patch", "vm", vm, "--type=merge",
+		"-p", fmt.Sprintf(`{"spec":{"template":{"spec":{"domain":{"firmware":{"serial":%q}}}}}}`, orders))).Error().ToNot(HaveOccurred())
+}
+
+// fileSize is the size of the file at path.
+func fileSize(path string) int64 {
+	info, err := os.Stat(path)
+	Expect(err).ToNot(HaveOccurred())
+	return info.Size()
 }
 
 // checkImage is what qemu-img check says of the image at path, read
@@ -174,8 +220,7 @@ overlay:
 			afterCrash := checkImage(ctx, image)
 
 			// The next boot only reads back what was published.
-			Expect(kubectl(ctx, "-n", namespace, "patch", "vm", vm, "--type=merge",
-				"-p", `{"spec":{"template":{"spec":{"domain":{"firmware":{"serial":"pieces=0"}}}}}}`)).Error().ToNot(HaveOccurred())
+			setGuestOrders(ctx, vm, "pieces=0")
 			Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
 			waitVMIRunning(ctx, vm)
 			after := waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return s.Done })

@@ -76,20 +76,23 @@ spec:
 `, name, path, volumeMode, size, accessMode, nodeName, namespace))).To(Succeed())
 }
 
-// goldenFilesystem makes the golden image as disk.img on a Filesystem
-// claim and returns the image's path on this machine.
-func goldenFilesystem(ctx context.Context, name string) string {
-	return goldenWriting(ctx, name, guestParams)
+// goldenFilesystem makes the boot-sector guest the golden image, disk.img
+// on a Filesystem claim.
+func goldenFilesystem(ctx context.Context, name string) {
+	goldenClaim(ctx, name, func(image string) {
+		Expect(testenv.CreateBootDisk(ctx, image, goldenSize, guestParams)).To(Succeed())
+	})
 }
 
-// goldenWriting is goldenFilesystem with a guest that writes what p says.
-func goldenWriting(ctx context.Context, name string, p testenv.GuestParams) string {
+// goldenClaim makes disk.img, written by fill, on a read-only Filesystem
+// claim of its own and returns the image's path on this machine.
+func goldenClaim(ctx context.Context, name string, fill func(image string)) string {
 	dir := filepath.Join(volumesDir, name)
 	Expect(os.RemoveAll(dir)).To(Succeed())
 	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
 	image := filepath.Join(dir, "disk.img")
-	Expect(testenv.CreateBootDisk(ctx, image, goldenSize, p)).To(Succeed())
-	localClaim(ctx, name, dir, "Filesystem", "ReadOnlyMany", goldenSize)
+	fill(image)
+	localClaim(ctx, name, dir, "Filesystem", "ReadOnlyMany", fileSize(image))
 	return image
 }
 
@@ -117,16 +120,4 @@ func blockClaimWithAccess(ctx context.Context, name string, size int64, accessMo
 	Expect(err).ToNot(HaveOccurred())
 	localClaim(ctx, name, dev, "Block", accessMode, size)
 	return dev
-}
-
-// bootDiskClaim is a claim whose directory holds the test guest's boot
-// disk as disk.img, writable by the launcher's user, qemu (107); it returns
-// the image's path.
-func bootDiskClaim(ctx context.Context, name string, size int64) string {
-	dir := emptyFilesystemClaim(ctx, name, size)
-	image := filepath.Join(dir, "disk.img")
-	Expect(testenv.CreateBootDisk(ctx, image, goldenSize, guestParams)).To(Succeed())
-	Expect(os.Chown(dir, 107, 107)).To(Succeed())
-	Expect(os.Chown(image, 107, 107)).To(Succeed())
-	return image
 }
