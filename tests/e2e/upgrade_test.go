@@ -59,16 +59,8 @@ var imageValue = regexp.MustCompile(`(image|value): \S+/(virt-[a-z]+):\S+`)
 // fills it in as docs/install.md tells an administrator to: the images
 // where they were pushed, the cluster's own gates in both gate lists.
 func deployKubeVirt() string {
-	dir := filepath.Join(GinkgoT().TempDir(), "kubevirt")
-	Expect(os.CopyFS(dir, os.DirFS(filepath.Join(testenv.RepoRoot(), "deploy", "kubevirt")))).To(Succeed())
-	edit := func(name string, change func(string) string) {
-		file := filepath.Join(dir, name)
-		data, err := os.ReadFile(file)
-		Expect(err).ToNot(HaveOccurred())
-		changed := change(string(data))
-		Expect(changed).ToNot(Equal(string(data)), "nothing to fill in in %s", name)
-		Expect(os.WriteFile(file, []byte(changed), 0o644)).To(Succeed())
-	}
+	dir := copyDeploy("kubevirt")
+	edit := func(name string, change func(string) string) { editFile(filepath.Join(dir, name), change) }
 	edit("virt-operator.yaml", func(s string) string {
 		return imageValue.ReplaceAllStringFunc(s, func(v string) string {
 			m := imageValue.FindStringSubmatch(v)
@@ -82,6 +74,23 @@ func deployKubeVirt() string {
 		return strings.Replace(s, "featureGates: []", "featureGates: ["+userGate+"]", 1)
 	})
 	return dir
+}
+
+// copyDeploy copies the kustomization deploy/<name> into a directory of
+// the spec, for the spec to fill in.
+func copyDeploy(name string) string {
+	dir := filepath.Join(GinkgoT().TempDir(), name)
+	Expect(os.CopyFS(dir, os.DirFS(filepath.Join(testenv.RepoRoot(), "deploy", name)))).To(Succeed())
+	return dir
+}
+
+// editFile changes a file of such a copy, which must change.
+func editFile(file string, change func(string) string) {
+	data, err := os.ReadFile(file)
+	Expect(err).ToNot(HaveOccurred())
+	changed := change(string(data))
+	Expect(changed).ToNot(Equal(string(data)), "nothing to fill in in %s", file)
+	Expect(os.WriteFile(file, []byte(changed), 0o644)).To(Succeed())
 }
 
 // applyAsDocumented runs the kubectl command of docs/install.md's section

@@ -65,7 +65,7 @@ func clusterHostIP() string {
 
 // veleroSetup is a Velero installed on the cluster with `velero install`,
 // its location on a versitygw of this machine, and the datamover deployed
-// from deploy/datamover.
+// from deploy/datamover as docs/install.md tells.
 type veleroSetup struct {
 	// cli is the velero binary hack/velero.sh built: the CLI of the
 	// server that runs.
@@ -75,6 +75,8 @@ type veleroSetup struct {
 	s3                        *s3server.Server
 	credentials               string
 	cfg                       objectstore.Config
+	// datamover is the spec's filled-in copy of deploy/datamover.
+	datamover string
 }
 
 var metricsArg = regexp.MustCompile(`(?m)^(\s*)- -metrics-bind-address=:8080$`)
@@ -100,6 +102,7 @@ func installVelero(ctx context.Context) *veleroSetup {
 	Expect(run(ctx, clusterScript, append([]string{"import"}, archives...)...)).To(Succeed())
 
 	// What an earlier run that was killed left.
+	v.datamover = deployDatamover()
 	v.uninstall(ctx)
 
 	binary, err := s3server.Binary(ctx, testenv.RepoRoot())
@@ -141,34 +144,34 @@ func installVelero(ctx context.Context) *veleroSetup {
 	for _, crd := range []string{"backup.kubevirt.io_virtualmachinebackups.yaml", "backup.kubevirt.io_virtualmachinebackuptrackers.yaml"} {
 		Expect(kubectl(ctx, "apply", "-f", filepath.Join(testenv.RepoRoot(), "tests", "datamover", "testdata", crd))).Error().ToNot(HaveOccurred())
 	}
-	Expect(apply(ctx, datamoverManifest(ctx))).To(Succeed())
+	applyAsDocumented(ctx, "### The data mover", "deploy/datamover", v.datamover)
 	Expect(kubectl(ctx, "-n", "kubevirt-datamover", "rollout", "status", "deployment/datamover-controller", "--timeout=3m")).
 		Error().ToNot(HaveOccurred())
 	return v
 }
 
-// datamoverManifest is deploy/datamover as kustomize renders it, with the
-// images make images built, under their imported names.
-func datamoverManifest(ctx context.Context) string {
-	out, err := kubectl(ctx, "kustomize", filepath.Join(testenv.RepoRoot(), "deploy", "datamover"))
-	Expect(err).ToNot(HaveOccurred())
-	// The temporary and intermediate volumes come from the static
-	// volumes of veleroClass.
-	r := strings.NewReplacer(
-		"registry.example.com/kubevirt-qcow2/datamover-controller:dev", datamoverControllerImage,
-		"-image=registry.example.com/kubevirt-qcow2/datamover:dev", "-image="+datamoverImage,
-	)
-	manifest := metricsArg.ReplaceAllString(r.Replace(out), "$0\n${1}- -storage-class="+veleroClass)
-	Expect(manifest).To(ContainSubstring(datamoverControllerImage))
-	Expect(manifest).To(ContainSubstring("-image=" + datamoverImage))
-	Expect(manifest).To(ContainSubstring("-storage-class=" + veleroClass))
-	return manifest
+// deployDatamover copies deploy/datamover and fills it in as
+// docs/install.md tells an administrator to: the controller's image in the
+// kustomization, the pods' in the Deployment's -image, both as imported;
+// and the storage class of the temporary and intermediate volumes, the
+// static volumes of veleroClass.
+func deployDatamover() string {
+	dir := copyDeploy("datamover")
+	editFile(filepath.Join(dir, "kustomization.yaml"), func(s string) string {
+		return strings.Replace(s, "newName: registry.example.com/kubevirt-qcow2/datamover-controller",
+			"newName: "+strings.TrimSuffix(datamoverControllerImage, ":dev"), 1)
+	})
+	editFile(filepath.Join(dir, "deployment.yaml"), func(s string) string {
+		s = strings.Replace(s, "-image=registry.example.com/kubevirt-qcow2/datamover:dev", "-image="+datamoverImage, 1)
+		return metricsArg.ReplaceAllString(s, "$0\n${1}- -storage-class="+veleroClass)
+	})
+	return dir
 }
 
 // uninstall removes Velero and the datamover as their documents say.
 func (v *veleroSetup) uninstall(ctx context.Context) {
 	if out, _ := kubectl(ctx, "get", "namespace", "kubevirt-datamover", "--ignore-not-found", "-o", "name"); out != "" {
-		Expect(kubectlIn(ctx, datamoverManifest(ctx), "delete", "--ignore-not-found", "--wait=true", "-f", "-")).Error().ToNot(HaveOccurred())
+		Expect(kubectl(ctx, "delete", "--ignore-not-found", "--wait=true", "-k", v.datamover)).Error().ToNot(HaveOccurred())
 	}
 	if out, _ := kubectl(ctx, "get", "namespace", veleroNamespace, "--ignore-not-found", "-o", "name"); out != "" {
 		Expect(v.velero(ctx, "uninstall", "--force")).Error().ToNot(HaveOccurred())
