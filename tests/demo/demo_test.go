@@ -40,11 +40,9 @@ import (
 
 const mib = 1 << 20
 
-// run runs the demo with args and returns what it printed on standard
-// output and error.
-func run(ctx context.Context, env []string, args ...string) (string, string, error) {
-	cmd := exec.CommandContext(ctx, demo, args...)
-	cmd.Env = append(os.Environ(), env...)
+// output runs cmd and returns what it printed on standard output and
+// error.
+func output(cmd *exec.Cmd) (string, string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
@@ -53,17 +51,21 @@ func run(ctx context.Context, env []string, args ...string) (string, string, err
 	return stdout.String(), stderr.String(), err
 }
 
+// run runs the demo with args and returns what it printed on standard
+// error.
+func run(ctx context.Context, env []string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, demo, args...)
+	cmd.Env = append(os.Environ(), env...)
+	_, stderr, err := output(cmd)
+	return stderr, err
+}
+
 // runDocumented runs a command line of the docs as a user types it, in
 // the tree's root.
 func runDocumented(ctx context.Context, line string) (string, string, error) {
 	cmd := exec.CommandContext(ctx, "bash", "-c", line)
 	cmd.Dir = testenv.RepoRoot()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
-	err := cmd.Run()
-	GinkgoWriter.Print(stdout.String(), stderr.String())
-	return stdout.String(), stderr.String(), err
+	return output(cmd)
 }
 
 // row is one disk of a disk usage table.
@@ -215,7 +217,7 @@ var _ = Describe("the local demo", func() {
 	It("names what is missing and creates nothing", func(ctx SpecContext) {
 		dir := GinkgoT().TempDir()
 		out := filepath.Join(dir, "out")
-		_, stderr, err := run(ctx, []string{"KUBEVIRT_TREE=" + filepath.Join(dir, "no-tree")}, "-out", out)
+		stderr, err := run(ctx, []string{"KUBEVIRT_TREE=" + filepath.Join(dir, "no-tree")}, "-out", out)
 		Expect(err).To(HaveOccurred())
 		Expect(stderr).To(ContainSubstring("no patched KubeVirt tree at " + filepath.Join(dir, "no-tree")))
 		Expect(stderr).To(ContainSubstring("run `make` first"))
@@ -226,7 +228,7 @@ var _ = Describe("the local demo", func() {
 		dir := GinkgoT().TempDir()
 		precious := filepath.Join(dir, "precious")
 		Expect(os.WriteFile(precious, []byte("not the demo's"), 0o644)).To(Succeed())
-		_, stderr, err := run(ctx, nil, "-out", filepath.Join(dir, "out"), "-work", dir)
+		stderr, err := run(ctx, nil, "-out", filepath.Join(dir, "out"), "-work", dir)
 		Expect(err).To(HaveOccurred())
 		Expect(stderr).To(ContainSubstring("work directory"))
 		Expect(stderr).To(ContainSubstring("file exists"))
