@@ -139,14 +139,14 @@ e2e-velero: images images-velero
 	$(GO) test -count=1 -timeout 30m -v ./tests/e2e -ginkgo.label-filter=velero
 
 # KubeVirt's own unit tests in every package the series touches, patched
-# against pristine: v1.7.0's tree as `make kubevirt` left it, then v1.8.0's
+# against pristine: v1.7.0's tree as `make kubevirt` left it, then v1.8.3's
 # series applied, its binaries built (all but virt-launcher, which cannot
 # be built here: hack/kubevirt.sh says why) and its tests compared.
 test-upstream:
 	hack/kubevirt.sh test
-	KUBEVIRT_VERSION=v1.8.0 hack/kubevirt.sh apply
-	KUBEVIRT_VERSION=v1.8.0 hack/kubevirt.sh build
-	KUBEVIRT_VERSION=v1.8.0 hack/kubevirt.sh test
+	KUBEVIRT_VERSION=v1.8.3 hack/kubevirt.sh apply
+	KUBEVIRT_VERSION=v1.8.3 hack/kubevirt.sh build
+	KUBEVIRT_VERSION=v1.8.3 hack/kubevirt.sh test
 
 # Benchmarks compare alternatives side by side in one run and print ratios;
 # they need root, like the functional suites, and ~36 GiB free in /tmp

@@ -28,11 +28,11 @@ KUBEVIRT_PATCHES=${KUBEVIRT_PATCHES:-${QCOW2_ROOT}/patches/kubevirt-${KUBEVIRT_V
 KUBEVIRT_OUT=${KUBEVIRT_OUT:-${QCOW2_ROOT}/_out/kubevirt-${KUBEVIRT_VERSION}}
 
 case ${KUBEVIRT_VERSION} in
-v1.8.0)
+v1.8.3)
 	# The checksum database does not know these modules; the module proxy
 	# serves them. Bypassed for exactly these three.
 	export GONOSUMDB=${GONOSUMDB:+${GONOSUMDB},}kubevirt.io/virt-template-api,kubevirt.io/virt-template-client-go,kubevirt.io/virt-template-engine
-	# KubeVirt v1.8.0 requires libguestfs.org/libnbd at a version the module
+	# KubeVirt v1.8.3 requires libguestfs.org/libnbd at a version the module
 	# proxy refuses, and virt-launcher's NBD client needs libnbd >= 1.22's
 	# 64-bit block status API, which Debian 12 (libnbd 1.14) lacks. An API
 	# stub stands in for it (hack/stubs/libnbd: what that client calls,

@@ -47,7 +47,7 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-# Versions from hack/builder/Dockerfile of KubeVirt v1.7.0; v1.8.0's pins
+# Versions from hack/builder/Dockerfile of KubeVirt v1.7.0; v1.8.3's pins
 # the same.
 readonly CODE_GENERATOR_VERSION=v0.32.5
 readonly CONTROLLER_TOOLS_VERSION=v0.16.3
@@ -55,7 +55,7 @@ readonly CONTROLLER_TOOLS_VERSION=v0.16.3
 # compile with current Go; v0.30.0 is the oldest that does and behaves alike.
 readonly CONTROLLER_TOOLS_X_TOOLS_VERSION=v0.30.0
 readonly SWAGGER_DOC_VERSION=v0.0.0-20181110145135-878f7deb1d17
-# bazel_gazelle in KubeVirt v1.7.0's WORKSPACE, and in v1.8.0's.
+# bazel_gazelle in KubeVirt v1.7.0's WORKSPACE, and in v1.8.3's.
 readonly GAZELLE_VERSION=v0.39.1
 readonly OPENAPI_RULES_UNKNOWN_TO_PINNED_GENERATOR='^API rule violation: streaming_list_type_json_tags,'
 
@@ -135,10 +135,10 @@ CRD_PACKAGES=(
 )
 # resource-generator's kv-cr arguments beyond v1.7.0's.
 KV_CR_ARGS=()
-# What v1.8.0's hack/generate.sh adds: the backup API group (after clone,
+# What v1.8's hack/generate.sh adds: the backup API group (after clone,
 # and before the CDI package for openapi-gen) and the hypervisor of the
 # KubeVirt CR template.
-if [[ ${KUBEVIRT_VERSION} == v1.8.0 ]]; then
+if [[ ${KUBEVIRT_VERSION} == v1.8.3 ]]; then
 	SWAGGER_DOC_FILES+=(backup/v1alpha1/types.go)
 	DEEPCOPY_PACKAGES=("${DEEPCOPY_PACKAGES[@]:0:${#DEEPCOPY_PACKAGES[@]}-1}" kubevirt.io/api/backup/v1alpha1 kubevirt.io/api/core/v1)
 	OPENAPI_PACKAGES=("${OPENAPI_PACKAGES[@]:0:${#OPENAPI_PACKAGES[@]}-1}" kubevirt.io/api/backup/v1alpha1

@@ -27,7 +27,7 @@
 #   check     every commit of the series in turn: the binaries build, and
 #             the unit tests of the packages it changes, against pristine
 # Each step is idempotent. KUBEVIRT_VERSION picks the KubeVirt release and
-# its series (v1.7.0, the default, or v1.8.0); paths come from common.sh
+# its series (v1.7.0, the default, or v1.8.3); paths come from common.sh
 # and may be overridden through the environment (KUBEVIRT_TREE,
 # KUBEVIRT_PATCHES, KUBEVIRT_OUT).
 set -euo pipefail
@@ -282,7 +282,7 @@ check_commits() {
 }
 
 usage() {
-	echo "usage: [KUBEVIRT_VERSION=v1.7.0|v1.8.0] $0 assemble|apply|export|build [binary...]|test|check [revision [last]]" >&2
+	echo "usage: [KUBEVIRT_VERSION=v1.7.0|v1.8.3] $0 assemble|apply|export|build [binary...]|test|check [revision [last]]" >&2
 	exit 2
 }
 

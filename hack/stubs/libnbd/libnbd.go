@@ -16,7 +16,7 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-// Package libnbd stands in for libnbd's Go bindings when KubeVirt v1.8.0 is
+// Package libnbd stands in for libnbd's Go bindings when KubeVirt v1.8.3 is
 // built and tested here: the module proxy does not serve the version
 // KubeVirt requires, and Debian 12's libnbd 1.14 lacks the 64-bit block
 // status API KubeVirt's NBD client (pkg/virt-launcher/virtwrap/storage)
