@@ -21,9 +21,27 @@ package testenv
 import (
 	"fmt"
 	"net"
+	"os"
 
 	"golang.org/x/sys/unix"
 )
+
+// DialUnix connects to the unix socket at path, however long the path. A
+// socket address holds 107 bytes, which a socket under a long $TMPDIR
+// passes; so, as virt-handler reaches a container's socket, it connects
+// through an O_PATH descriptor of the socket, by its /proc/self/fd name.
+func DialUnix(path string) (*net.UnixConn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: fmt.Sprintf("/proc/self/fd/%d", fd), Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", path, err)
+	}
+	return conn, nil
+}
 
 // PeerPID returns the PID the kernel reports for the other end of conn
 // (SO_PEERCRED): for a client, the process listening on the socket, as

@@ -109,12 +109,12 @@ func dirEntries(dir string) []string {
 // PID the kernel reports for the listening end. The connection must be
 // closed by the program with nothing sent.
 func peerPID(socket string) (int, error) {
-	conn, err := net.Dial("unix", socket)
+	conn, err := testenv.DialUnix(socket)
 	if err != nil {
 		return 0, err
 	}
 	defer conn.Close()
-	pid, err := testenv.PeerPID(conn.(*net.UnixConn))
+	pid, err := testenv.PeerPID(conn)
 	if err != nil {
 		return 0, err
 	}
@@ -149,7 +149,7 @@ func errorString(err error) string {
 
 // dialAndExpectEOF is one client of a burst.
 func dialAndExpectEOF(socket string) error {
-	conn, err := net.Dial("unix", socket)
+	conn, err := testenv.DialUnix(socket)
 	if err != nil {
 		return err
 	}

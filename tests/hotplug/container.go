@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -133,12 +132,12 @@ func (c *Container) Pid() int { return c.pid }
 
 // peerPid is the PID of the process listening on socket.
 func peerPid(socket string) (int, error) {
-	conn, err := net.Dial("unix", socket)
+	conn, err := testenv.DialUnix(socket)
 	if err != nil {
 		return 0, err
 	}
 	defer conn.Close()
-	return testenv.PeerPID(conn.(*net.UnixConn))
+	return testenv.PeerPID(conn)
 }
 
 // Running tells whether the program still runs.

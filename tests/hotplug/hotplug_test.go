@@ -67,9 +67,12 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 	}, NodeTimeout(3*time.Minute))
 
 	// newPod returns the UID of a new attachment pod: each add creates one.
+	// A UUID, as the kubelet names pod directories: with it the containers'
+	// socket paths pass the 107 bytes a socket address holds, as they do on
+	// a node, and virt-handler and the harness must still reach them.
 	newPod := func() string {
 		pods++
-		return fmt.Sprintf("attach-%04d", pods)
+		return fmt.Sprintf("a77ac400-0000-4000-8000-%012d", pods)
 	}
 
 	layer := func(ctx context.Context, kind hotplug.ImageKind) *hotplug.ImageLayer {
@@ -130,6 +133,7 @@ var _ = Describe("containerDisk hotplug on a node", Ordered, func() {
 			imageBefore := checksum(l.Image)
 			pod := newPod()
 			c := start(ctx, pod, l)
+			Expect(len(c.Socket)).To(BeNumerically(">", 107), "a socket path no socket address holds")
 			v := hotplug.Volume{Name: volume, AttachPodUID: pod}
 
 			By("virt-handler finding the socket and mounting the image")
