@@ -66,6 +66,8 @@ type LinuxGuestStatus struct {
 	// Writes are the guest's writes to disks plugged in while it ran, in
 	// order.
 	Writes []DiskWrite
+	// Errors are what the guest could not do ("KQG ERROR ...").
+	Errors []string
 }
 
 // DiskWrite is the Linux test guest's write at the start of a disk plugged
@@ -80,9 +82,9 @@ type DiskWrite struct {
 }
 
 // Consistent tells whether the guest saw its golden content and every
-// piece it had published before.
+// piece it had published before, and met no error.
 func (s LinuxGuestStatus) Consistent() bool {
-	return s.Golden == "OK" && len(s.Bad) == 0 && s.Verified == s.Listed
+	return s.Golden == "OK" && len(s.Bad) == 0 && s.Verified == s.Listed && len(s.Errors) == 0
 }
 
 // ParseLinuxGuest reads the Linux test guest's lines ("KQG ...") from its
@@ -133,6 +135,8 @@ func ParseLinuxGuest(serial string) LinuxGuestStatus {
 			status.Full = true
 		case "DONE":
 			status.Done = true
+		case "ERROR":
+			status.Errors = append(status.Errors, strings.Join(fields[1:], " "))
 		case "WROTE":
 			switch {
 			case len(fields) == 3 && fields[2] == "FAILED":

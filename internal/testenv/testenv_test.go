@@ -119,7 +119,16 @@ var _ = DescribeTable("ParseLinuxGuest keeps what the Linux test guest said in i
 		"KQG BOOT 1\r\nKQG DONE\r\nKQG IDLE\r\nKQG WROTE sda FAILED\r\nKQG IDLE\r\nKQG WROTE sda 1048576 cc\r\nKQG IDLE\r\n",
 		testenv.LinuxGuestStatus{Boot: 1, Published: map[int]string{}, Trimmed: -1, Done: true, Writes: []testenv.DiskWrite{
 			{Device: "sda", Failed: true}, {Device: "sda", Bytes: 1 << 20, SHA256: "cc"}}}),
+	Entry("an error, which makes the status inconsistent",
+		"KQG BOOT 1\r\nKQG GOLDEN OK\r\nKQG VERIFIED 0/0\r\nKQG ERROR cannot make / read-only\r\nKQG DONE\r\n",
+		testenv.LinuxGuestStatus{Boot: 1, Golden: "OK", Published: map[int]string{}, Trimmed: -1, Done: true,
+			Errors: []string{"cannot make / read-only"}}),
 )
+
+var _ = It("a Linux test guest that met an error is not consistent", func() {
+	Expect(testenv.ParseLinuxGuest("KQG BOOT 1\nKQG GOLDEN OK\nKQG VERIFIED 0/0\nKQG DONE\n").Consistent()).To(BeTrue())
+	Expect(testenv.ParseLinuxGuest("KQG BOOT 1\nKQG GOLDEN OK\nKQG VERIFIED 0/0\nKQG ERROR x\nKQG DONE\n").Consistent()).To(BeFalse())
+})
 
 var _ = Describe("the commands of a document", func() {
 	const doc = "# Title\n\n```sh\nmake\n```\n\n## Install\n\nText.\n\n```sh\nkubectl apply -k deploy/kubevirt   # the images first\n```\n\n" +
