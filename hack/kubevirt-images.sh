@@ -41,6 +41,8 @@ set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source-path=SCRIPTDIR source=debian.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian.sh"
 
 # What is built from which tree, and where it goes: set by main for the
 # patched or the stock images.
@@ -60,6 +62,7 @@ readonly BINARIES=(virt-operator virt-api virt-controller virt-handler virt-chro
 # What virt-handler, virt-launcher and the programs they start run: libvirt's
 # daemons and virsh, QEMU, qemu-img, and a shell with the usual tools for
 # node-labeller.sh and KubeVirt's exec probes.
+readonly NODE_SUITE=bookworm
 readonly BASE_PACKAGES=(
 	base-files bash dash coreutils util-linux mount grep sed findutils procps
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils
@@ -77,64 +80,24 @@ qemu:x:107:
 nonroot:x:1001:
 libvirt-qemu:x:64055:'
 
-apt_options() {
-	# An empty package status: apt resolves the whole closure, as for an
-	# empty root file system.
-	echo -o Dir::State::status=/dev/null -o Debug::NoLocking=1
+# The node base's users and directories, which maintainer scripts would
+# have made.
+finish_node_base() {
+	local root=$1
+	printf '%s\n' "${PASSWD}" >"${root}/etc/passwd"
+	printf '%s\n' "${GROUP}" >"${root}/etc/group"
+	mkdir -p "${root}/home/qemu" "${root}/var/log/libvirt"
+	# KubeVirt names both /run and /var/run for the same files.
+	rm -rf "${root}/var/run" "${root}/var/lock"
+	ln -s ../run "${root}/var/run"
+	ln -s ../run/lock "${root}/var/lock"
+	# Documentation and translations are not needed to run.
+	rm -rf "${root}/usr/share/doc" "${root}/usr/share/man" "${root}/usr/share/locale" "${root}/usr/share/info"
 }
 
-# The base's root file system, unpacked once per set of package versions;
-# prints its directory.
+# The base's root file system; prints its directory.
 node_base() {
-	local debs key dir tmp
-	# shellcheck disable=SC2046
-	debs=$(apt-get --print-uris -qq $(apt_options) install -y --no-install-recommends "${BASE_PACKAGES[@]}" |
-		awk '{print $2}' | sort)
-	[[ -n ${debs} ]] || die "apt resolved no packages for the base image"
-	# Keyed by the packages and by how they are assembled (this function).
-	key=$( (printf '%s\n' "${debs}" "${PASSWD}" "${GROUP}" && declare -f node_base) | sha256sum | cut -c1-16)
-	dir="${QCOW2_CACHE}/images/node-base-${key}"
-	if [[ ! -d ${dir} ]]; then
-		log "unpacking the node base from $(wc -l <<<"${debs}") Debian packages (once per package set)"
-		tmp=$(mktemp -d)
-		mkdir -p "${tmp}/debs/partial" "${tmp}/root"
-		chmod -R 0755 "${tmp}"
-		# shellcheck disable=SC2046
-		apt-get -qq $(apt_options) -o Dir::Cache::archives="${tmp}/debs" \
-			install -y --download-only --no-install-recommends "${BASE_PACKAGES[@]}" >/dev/null
-		local deb
-		for deb in "${tmp}"/debs/*.deb; do
-			dpkg -x "${deb}" "${tmp}/root"
-		done
-		# A Debian 12 system has a merged /usr (debootstrap makes /bin a
-		# link to usr/bin) while packages still ship files under /bin:
-		# KubeVirt's pods run /usr/bin/cp, for one.
-		local top
-		for top in bin sbin lib lib64; do
-			[[ -d ${tmp}/root/${top} && ! -L ${tmp}/root/${top} ]] || continue
-			mkdir -p "${tmp}/root/usr/${top}"
-			cp -a "${tmp}/root/${top}/." "${tmp}/root/usr/${top}/"
-			rm -rf "${tmp:?}/root/${top}"
-			ln -s "usr/${top}" "${tmp}/root/${top}"
-		done
-		# Maintainer scripts would have made these.
-		printf '%s\n' "${PASSWD}" >"${tmp}/root/etc/passwd"
-		printf '%s\n' "${GROUP}" >"${tmp}/root/etc/group"
-		mkdir -p "${tmp}/root/home/qemu" "${tmp}/root/tmp" "${tmp}/root/var/log/libvirt"
-		chmod 1777 "${tmp}/root/tmp"
-		# KubeVirt names both /run and /var/run for the same files.
-		rm -rf "${tmp}/root/var/run" "${tmp}/root/var/lock"
-		ln -s ../run "${tmp}/root/var/run"
-		ln -s ../run/lock "${tmp}/root/var/lock"
-		ldconfig -r "${tmp}/root"
-		# Documentation and translations are not needed to run.
-		rm -rf "${tmp}/root/usr/share/doc" "${tmp}/root/usr/share/man" "${tmp}/root/usr/share/locale" \
-			"${tmp}/root/usr/share/info"
-		mkdir -p "$(dirname "${dir}")"
-		mv "${tmp}/root" "${dir}"
-		rm -rf "${tmp}"
-	fi
-	echo "${dir}"
+	debian_root node-base "${NODE_SUITE}" finish_node_base "${BASE_PACKAGES[@]}"
 }
 
 image() {
