@@ -140,8 +140,8 @@ e2e-velero: images images-velero
 
 # KubeVirt's own unit tests in every package the series touches, patched
 # against pristine: v1.7.0's tree as `make kubevirt` left it, then v1.8.3's
-# series applied, its binaries built (all but virt-launcher, which cannot
-# be built here: hack/kubevirt.sh says why) and its tests compared.
+# series applied, its binaries built and its tests compared, both in the
+# Debian 13 build root (hack/buildroot.sh).
 test-upstream:
 	hack/kubevirt.sh test
 	KUBEVIRT_VERSION=v1.8.3 hack/kubevirt.sh apply

@@ -32,35 +32,41 @@ v1.8.3)
 	# The checksum database does not know these modules; the module proxy
 	# serves them. Bypassed for exactly these three.
 	export GONOSUMDB=${GONOSUMDB:+${GONOSUMDB},}kubevirt.io/virt-template-api,kubevirt.io/virt-template-client-go,kubevirt.io/virt-template-engine
-	# KubeVirt v1.8.3 requires libguestfs.org/libnbd at a version the module
-	# proxy refuses, and virt-launcher's NBD client needs libnbd >= 1.22's
-	# 64-bit block status API, which Debian 12 (libnbd 1.14) lacks. An API
-	# stub stands in for it (hack/stubs/libnbd: what that client calls,
-	# every call failing), so that the module graph loads and the packages
-	# that import the client compile and run their tests. virt-launcher,
-	# the one binary that links it, is never built (hack/kubevirt.sh), so
-	# nothing built with the stub goes into an image.
-	KUBEVIRT_MODULE_STUBS=(libguestfs.org/libnbd)
+	# virt-launcher's NBD client links libnbd >= 1.22, which Debian 12
+	# lacks, through Go bindings at a version the module proxy refuses: Go
+	# commands in the tree run in the Debian 13 build root, with the
+	# bindings of its libnbd (hack/buildroot.sh).
+	KUBEVIRT_BUILD_ROOT=1
 	;;
-*) KUBEVIRT_MODULE_STUBS=() ;;
+*) KUBEVIRT_BUILD_ROOT= ;;
 esac
 
+# kubevirt_go ARGS...: the go command for a KubeVirt tree of
+# KUBEVIRT_VERSION, in the current directory: in the build root where the
+# version needs one.
+kubevirt_go() {
+	if [[ -n ${KUBEVIRT_BUILD_ROOT} ]]; then
+		"${QCOW2_ROOT}/hack/buildroot.sh" go "$@"
+	else
+		go "$@"
+	fi
+}
+
 # kubevirt_gowork TREE prints the workspace file Go commands in TREE (the
-# patched tree or its pristine worktree) run with, for GOWORK: the tree's
-# own go.work with its paths made absolute, plus a replace of each of
-# KUBEVIRT_MODULE_STUBS by hack/stubs/<last path element>, written beside
-# the tree (TREE.gowork/), never into it. Prints nothing when the version
-# needs no stub: the tree's go.work applies.
+# patched tree or its pristine worktree) run with, for GOWORK: where the
+# version needs the build root, the tree's own go.work with its paths made
+# absolute and libnbd replaced by the build root's bindings, written beside
+# the tree (TREE.gowork/), never into it. Prints nothing otherwise: the
+# tree's go.work applies.
 kubevirt_gowork() {
 	local tree=$1
-	[[ ${#KUBEVIRT_MODULE_STUBS[@]} -gt 0 && -f ${tree}/go.work ]] || return 0
-	local dir="${tree}.gowork" module
+	[[ -n ${KUBEVIRT_BUILD_ROOT} && -f ${tree}/go.work ]] || return 0
+	local dir="${tree}.gowork" bindings
+	bindings=$("${QCOW2_ROOT}/hack/buildroot.sh" libnbd-go)
 	mkdir -p "${dir}"
 	{
 		sed -e "s#^\t\.\(/.*\)\?\$#\t${tree}\1#" "${tree}/go.work"
-		for module in "${KUBEVIRT_MODULE_STUBS[@]}"; do
-			printf '\nreplace %s => %s\n' "${module}" "${QCOW2_ROOT}/hack/stubs/${module##*/}"
-		done
+		printf '\nreplace libguestfs.org/libnbd => %s\n' "${bindings}"
 	} >"${dir}/go.work.new"
 	mv "${dir}/go.work.new" "${dir}/go.work"
 	[[ -f ${dir}/go.work.sum || ! -f ${tree}/go.work.sum ]] || cp "${tree}/go.work.sum" "${dir}/go.work.sum"

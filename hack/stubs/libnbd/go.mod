@@ -1,3 +1,0 @@
-module libguestfs.org/libnbd
-
-go 1.24.0
