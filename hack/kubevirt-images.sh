@@ -32,8 +32,8 @@
 #                                   per version and inputs; prints the directory:
 #     $QCOW2_CACHE/kubevirt-stock-v1.7.0/{tree,bin,images,manifests}
 #
-# virt-handler and virt-launcher share one base made from Debian 12's
-# packages (libvirt 9.0, QEMU 7.2), unpacked without maintainer scripts and
+# virt-handler and virt-launcher share one base made from Debian 13's
+# packages (libvirt 11.3, QEMU 10.0), unpacked without maintainer scripts and
 # cached by the exact package versions; the other three hold their binary and
 # the libraries it loads. docs/install.md lists what differs from upstream's
 # images.
@@ -61,12 +61,13 @@ readonly BINARIES=(virt-operator virt-api virt-controller virt-handler virt-chro
 	virt-launcher-monitor virt-probe virt-tail virt-freezer)
 # What virt-handler, virt-launcher and the programs they start run: libvirt's
 # daemons and virsh, QEMU, qemu-img, and a shell with the usual tools for
-# node-labeller.sh and KubeVirt's exec probes.
-readonly NODE_SUITE=bookworm
+# node-labeller.sh and KubeVirt's exec probes; libnbd for v1.8's
+# virt-launcher (changed block tracking).
+readonly NODE_SUITE=trixie
 readonly BASE_PACKAGES=(
 	base-files bash dash coreutils util-linux mount grep sed findutils procps
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils
-	nftables iproute2
+	nftables iproute2 libnbd0
 )
 # Upstream's users: root, and qemu (107) that the non-root launcher runs as;
 # nonroot (1001) for the Go components. Debian's libvirt resolves its
@@ -134,11 +135,11 @@ kubevirt_images() {
 		--file "${bin}/virt-chroot:/usr/bin/virt-chroot:0555" \
 		--entrypoint /usr/bin/virt-handler
 	conf=$(mktemp -d)
-	# Debian 12's libvirt has only the monolithic daemon; virt-launcher and
+	# Debian's libvirt has only the monolithic daemon; virt-launcher and
 	# node-labeller.sh start virtqemud and connect to its socket name.
 	cat >"${conf}/virtqemud" <<'SH'
 #!/bin/sh
-# libvirtd under the modular daemon's name (Debian 12 has no virtqemud).
+# libvirtd under the modular daemon's name (Debian has no virtqemud).
 dir=/run/libvirt
 [ "$(id -u)" = 0 ] || dir=${XDG_RUNTIME_DIR:-/run}/libvirt
 mkdir -p "$dir"
