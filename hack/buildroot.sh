@@ -26,7 +26,8 @@
 #   hack/buildroot.sh path          make the root (once per package set) and
 #                                   print its directory
 #   hack/buildroot.sh go ARGS...    the go command, in the current directory,
-#                                   inside the root
+#                                   inside the root (BUILD_ROOT, when set, is
+#                                   the root `path` printed, not resolved again)
 #   hack/buildroot.sh libnbd-go     print the directory of libnbd's Go
 #                                   bindings, of the root's libnbd version
 #
@@ -121,8 +122,8 @@ main() {
 	libnbd-go) libnbd_go ;;
 	go)
 		shift
-		local root
-		root=$(build_root)
+		local root=${BUILD_ROOT:-}
+		[[ -n ${root} ]] || root=$(build_root)
 		exec unshare --mount --propagation private -- "${BASH_SOURCE[0]}" in-root "${root}" "$@"
 		;;
 	in-root)

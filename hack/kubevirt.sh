@@ -44,12 +44,19 @@ readonly GIT_IDENTITY=(-c user.name="kubevirt-qcow2" -c user.email="kubevirt-qco
 tree_git() { git -C "${KUBEVIRT_TREE}" "${GIT_IDENTITY[@]}" "$@"; }
 
 # tree_go TREE DIR ARGS...: the go command in TREE/DIR with the workspace and
-# the build root the version needs (kubevirt_gowork, kubevirt_go).
+# the build root the version needs (kubevirt_gowork, kubevirt_go). Both are
+# worked out once per run, not per command: apt takes seconds to resolve
+# the build root's packages, and a test run calls go once per package.
+declare -A GOWORKS=()
 tree_go() {
-	local tree=$1 dir=$2 gowork
+	local tree=$1 dir=$2
 	shift 2
-	gowork=$(kubevirt_gowork "${tree}")
-	(cd "${tree}/${dir}" && GOWORK=${gowork} kubevirt_go "$@")
+	if [[ -n ${KUBEVIRT_BUILD_ROOT} && -z ${BUILD_ROOT:-} ]]; then
+		BUILD_ROOT=$("${QCOW2_ROOT}/hack/buildroot.sh" path)
+		export BUILD_ROOT
+	fi
+	[[ -v GOWORKS[${tree}] ]] || GOWORKS[${tree}]=$(kubevirt_gowork "${tree}")
+	(cd "${tree}/${dir}" && GOWORK=${GOWORKS[${tree}]} kubevirt_go "$@")
 }
 
 module_dir() {
