@@ -50,8 +50,9 @@ deb-src [signed-by=${keyring}] http://deb.debian.org/debian ${suite} main"
 # debian_root NAME SUITE FINISH PACKAGE...: a root file system of PACKAGE and
 # all they depend on from SUITE, unpacked without maintainer scripts, with a
 # merged /usr, then completed by the function FINISH given the root's
-# directory. Made once per set of package versions and per FINISH; prints
-# its directory.
+# directory. Made once per set of package versions and per FINISH's text
+# (what FINISH reads from variables belongs in NAME); prints its
+# directory.
 debian_root() {
 	local name=$1 suite=$2 finish=$3
 	shift 3

@@ -96,9 +96,12 @@ finish_node_base() {
 	rm -rf "${root}/usr/share/doc" "${root}/usr/share/man" "${root}/usr/share/locale" "${root}/usr/share/info"
 }
 
-# The base's root file system; prints its directory.
+# The base's root file system; prints its directory. debian_root keys it by
+# finish_node_base's text, not by the users it writes: they go into its name.
 node_base() {
-	debian_root node-base "${NODE_SUITE}" finish_node_base "${BASE_PACKAGES[@]}"
+	local users
+	users=$(printf '%s\n' "${PASSWD}" "${GROUP}" | sha256sum | cut -c1-8)
+	debian_root "node-base-${users}" "${NODE_SUITE}" finish_node_base "${BASE_PACKAGES[@]}"
 }
 
 image() {
