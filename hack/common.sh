@@ -22,7 +22,7 @@
 QCOW2_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Built tools (kube-apiserver, etcd, generators) outlive a work tree.
 QCOW2_CACHE=${QCOW2_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/kubevirt-qcow2}
-KUBEVIRT_VERSION=${KUBEVIRT_VERSION:-v1.7.0}
+KUBEVIRT_VERSION=${KUBEVIRT_VERSION:-v1.8.3}
 KUBEVIRT_TREE=${KUBEVIRT_TREE:-${QCOW2_ROOT}/_build/kubevirt-${KUBEVIRT_VERSION}}
 KUBEVIRT_PATCHES=${KUBEVIRT_PATCHES:-${QCOW2_ROOT}/patches/kubevirt-${KUBEVIRT_VERSION}}
 KUBEVIRT_OUT=${KUBEVIRT_OUT:-${QCOW2_ROOT}/_out/kubevirt-${KUBEVIRT_VERSION}}
@@ -71,6 +71,22 @@ kubevirt_gowork() {
 	mv "${dir}/go.work.new" "${dir}/go.work"
 	[[ -f ${dir}/go.work.sum || ! -f ${tree}/go.work.sum ]] || cp "${tree}/go.work.sum" "${dir}/go.work.sum"
 	echo "${dir}/go.work"
+}
+
+# tree_go TREE DIR ARGS...: the go command in TREE/DIR with the workspace and
+# the build root the version needs (kubevirt_gowork, kubevirt_go). Both are
+# worked out once per run, not per command: apt takes seconds to resolve
+# the build root's packages, and a test run calls go once per package.
+declare -A GOWORKS=()
+tree_go() {
+	local tree=$1 dir=$2
+	shift 2
+	if [[ -n ${KUBEVIRT_BUILD_ROOT} && -z ${BUILD_ROOT:-} ]]; then
+		BUILD_ROOT=$("${QCOW2_ROOT}/hack/buildroot.sh" path)
+		export BUILD_ROOT
+	fi
+	[[ -v GOWORKS[${tree}] ]] || GOWORKS[${tree}]=$(kubevirt_gowork "${tree}")
+	(cd "${tree}/${dir}" && GOWORK=${GOWORKS[${tree}]} kubevirt_go "$@")
 }
 
 log() { printf '%s: %s\n' "$(basename "$0")" "$*" >&2; }

@@ -34,8 +34,8 @@
 #
 # virt-handler and virt-launcher share one base made from Debian 13's
 # packages (libvirt 11.3, QEMU 10.0), unpacked without maintainer scripts and
-# cached by the exact package versions; the other three hold their binary and
-# the libraries it loads. docs/install.md lists what differs from upstream's
+# cached by the exact package versions; the other three hold their binary on
+# Debian 13's C library. docs/install.md lists what differs from upstream's
 # images.
 set -euo pipefail
 
@@ -99,9 +99,23 @@ finish_node_base() {
 # The base's root file system; prints its directory. debian_root keys it by
 # finish_node_base's text, not by the users it writes: they go into its name.
 node_base() {
-	local users
-	users=$(printf '%s\n' "${PASSWD}" "${GROUP}" | sha256sum | cut -c1-8)
-	debian_root "node-base-${users}" "${NODE_SUITE}" finish_node_base "${BASE_PACKAGES[@]}"
+	debian_root "node-base-$(users_key)" "${NODE_SUITE}" finish_node_base "${BASE_PACKAGES[@]}"
+}
+
+users_key() { printf '%s\n' "${PASSWD}" "${GROUP}" | sha256sum | cut -c1-8; }
+
+# The Go components' base: the users and Debian 13's C library, the one the
+# build root links against (a binary built on this Debian 12 machine runs
+# on it too), and a /tmp (virt-api writes its certificates there).
+finish_go_base() {
+	local root=$1
+	printf '%s\n' "${PASSWD}" >"${root}/etc/passwd"
+	printf '%s\n' "${GROUP}" >"${root}/etc/group"
+	rm -rf "${root:?}/usr/share"
+}
+
+go_base() {
+	debian_root "go-base-$(users_key)" "${NODE_SUITE}" finish_go_base libc6
 }
 
 image() {
@@ -121,18 +135,11 @@ kubevirt_images() {
 	(cd "${QCOW2_ROOT}" && go build -o "${OUT}/tools/oci-image" ./cmd/oci-image)
 	base=$(node_base)
 	mkdir -p "${IMAGES}"
-	# What the Go components' images hold besides the binary and its
-	# libraries: a /tmp (virt-api writes its certificates there) and users.
-	local minimal c
-	minimal=$(mktemp -d)
-	mkdir -p "${minimal}/tmp" "${minimal}/etc"
-	chmod 1777 "${minimal}/tmp"
-	printf '%s\n' "${PASSWD}" >"${minimal}/etc/passwd"
-	printf '%s\n' "${GROUP}" >"${minimal}/etc/group"
+	local c go
+	go=$(go_base)
 	for c in virt-operator virt-api virt-controller; do
-		image "${c}" --tree "${minimal}" --elf "${bin}/${c}:/usr/bin/${c}:0555" --user 1001
+		image "${c}" --tree "${go}" --file "${bin}/${c}:/usr/bin/${c}:0555" --user 1001
 	done
-	rm -rf "${minimal}"
 	image virt-handler --tree "${base}" \
 		--file "${bin}/virt-handler:/usr/bin/virt-handler:0555" \
 		--file "${bin}/virt-chroot:/usr/bin/virt-chroot:0555" \
@@ -177,7 +184,7 @@ SH
 operator_manifest() {
 	local tree=${TREE} out="${OUT}/manifests" templator name
 	templator="${OUT}/tools/manifest-templator"
-	(cd "${tree}" && go build -o "${templator}" ./tools/manifest-templator)
+	tree_go "${tree}" . build -o "${templator}" ./tools/manifest-templator
 	mkdir -p "${out}"
 	for name in kubevirt-operator kubevirt-cr; do
 		"${templator}" --process-files --generated-manifests-dir="${tree}/manifests/generated/" \
@@ -199,7 +206,7 @@ stock() {
 	"${QCOW2_ROOT}/hack/kubevirt.sh" assemble
 	local commit key
 	commit=$(git -C "${KUBEVIRT_TREE}" rev-parse pristine)
-	key=$( (echo "${commit}" && basename "$(node_base)" && cat "${BASH_SOURCE[0]}") | sha256sum | cut -c1-16)
+	key=$( (echo "${commit}" && basename "$(node_base)" && basename "$(go_base)" && cat "${BASH_SOURCE[0]}") | sha256sum | cut -c1-16)
 	if [[ -f ${STOCK}/key && $(<"${STOCK}/key") == "${key}" ]]; then
 		echo "${STOCK}"
 		return 0
@@ -217,7 +224,7 @@ stock() {
 	mkdir -p "${STOCK}/bin"
 	local b
 	for b in "${BINARIES[@]}"; do
-		(cd "${TREE}" && go build -trimpath -o "${STOCK}/bin/${b}" "./cmd/${b}")
+		tree_go "${TREE}" . build -trimpath -o "${STOCK}/bin/${b}" "./cmd/${b}"
 	done
 	# Upstream's container-disk, static as upstream links it.
 	"${MUSL_CC:-musl-gcc}" -Os -static -s -o "${CONTAINER_DISK}" "${TREE}/cmd/container-disk-v2alpha/main.c"

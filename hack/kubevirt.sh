@@ -27,7 +27,7 @@
 #   check     every commit of the series in turn: the binaries build, and
 #             the unit tests of the packages it changes, against pristine
 # Each step is idempotent. KUBEVIRT_VERSION picks the KubeVirt release and
-# its series (v1.7.0, the default, or v1.8.3); paths come from common.sh
+# its series (v1.8.3, the default, or v1.7.0); paths come from common.sh
 # and may be overridden through the environment (KUBEVIRT_TREE,
 # KUBEVIRT_PATCHES, KUBEVIRT_OUT).
 set -euo pipefail
@@ -42,22 +42,6 @@ readonly BINARIES=(virt-operator virt-api virt-controller virt-handler virt-laun
 readonly GIT_IDENTITY=(-c user.name="kubevirt-qcow2" -c user.email="kubevirt-qcow2@users.noreply.github.com")
 
 tree_git() { git -C "${KUBEVIRT_TREE}" "${GIT_IDENTITY[@]}" "$@"; }
-
-# tree_go TREE DIR ARGS...: the go command in TREE/DIR with the workspace and
-# the build root the version needs (kubevirt_gowork, kubevirt_go). Both are
-# worked out once per run, not per command: apt takes seconds to resolve
-# the build root's packages, and a test run calls go once per package.
-declare -A GOWORKS=()
-tree_go() {
-	local tree=$1 dir=$2
-	shift 2
-	if [[ -n ${KUBEVIRT_BUILD_ROOT} && -z ${BUILD_ROOT:-} ]]; then
-		BUILD_ROOT=$("${QCOW2_ROOT}/hack/buildroot.sh" path)
-		export BUILD_ROOT
-	fi
-	[[ -v GOWORKS[${tree}] ]] || GOWORKS[${tree}]=$(kubevirt_gowork "${tree}")
-	(cd "${tree}/${dir}" && GOWORK=${GOWORKS[${tree}]} kubevirt_go "$@")
-}
 
 module_dir() {
 	local dir
@@ -287,7 +271,7 @@ check_commits() {
 }
 
 usage() {
-	echo "usage: [KUBEVIRT_VERSION=v1.7.0|v1.8.3] $0 assemble|apply|export|build [binary...]|test|check [revision [last]]" >&2
+	echo "usage: [KUBEVIRT_VERSION=v1.8.3|v1.7.0] $0 assemble|apply|export|build [binary...]|test|check [revision [last]]" >&2
 	exit 2
 }
 
