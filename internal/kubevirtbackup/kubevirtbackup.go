@@ -167,6 +167,21 @@ func (b *VMBackup) Failed() (bool, string) {
 	return failed, cause
 }
 
+// Stage is what KubeVirt says the backup is doing before it ends: the
+// type and reason of its True conditions, empty when it says nothing yet.
+func (b *VMBackup) Stage() string {
+	if b.Status == nil {
+		return ""
+	}
+	var says []string
+	for _, c := range b.Status.Conditions {
+		if c.Status == metav1.ConditionTrue {
+			says = append(says, strings.TrimSuffix(c.Type+": "+c.Reason, ": "))
+		}
+	}
+	return strings.Join(says, "; ")
+}
+
 // LatestCheckpoint is the tracker's checkpoint an incremental can start
 // from, or empty. A checkpoint KubeVirt still has to redefine after a VM
 // restart is not yet usable.

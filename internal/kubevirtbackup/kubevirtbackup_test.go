@@ -105,3 +105,23 @@ var _ = Describe("the end of a VirtualMachineBackup", func() {
 		Expect(cause).To(BeEmpty())
 	})
 })
+
+var _ = Describe("what a VirtualMachineBackup is doing", func() {
+	DescribeTable("is its True conditions with their reasons", func(conditions, stage string) {
+		Expect(decode(conditions).Stage()).To(Equal(stage))
+	},
+		// KubeVirt v1.8.3 keeps a backup it cannot start yet Initializing,
+		// saying why (pkg/storage/cbt/backup.go).
+		Entry("v1.8: waiting to start", `[
+			{"type": "Initializing", "status": "True", "reason": "Waiting for checkpoint redefinition on tracker db", "lastProbeTime": null, "lastTransitionTime": null},
+			{"type": "Progressing", "status": "False", "reason": "Waiting for checkpoint redefinition on tracker db", "lastProbeTime": null, "lastTransitionTime": null}]`,
+			"Initializing: Waiting for checkpoint redefinition on tracker db"),
+		Entry("v1.8: in progress", `[
+			{"type": "Progressing", "status": "True", "reason": "Backup is in progress", "lastProbeTime": null, "lastTransitionTime": null},
+			{"type": "Done", "status": "False", "reason": "Backup is in progress", "lastProbeTime": null, "lastTransitionTime": null}]`,
+			"Progressing: Backup is in progress"),
+		Entry("no reason", `[{"type": "Progressing", "status": "True", "reason": "", "lastProbeTime": null, "lastTransitionTime": null}]`,
+			"Progressing"),
+		Entry("no conditions yet", `[]`, ""),
+	)
+})

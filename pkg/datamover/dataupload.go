@@ -306,12 +306,38 @@ func (r *DataUploadReconciler) accept(ctx context.Context, j *uploadJob) error {
 	if vm.Status.PrintableStatus != kubevirtv1.VirtualMachineStatusRunning {
 		return fatal("VirtualMachine %s is %s: only a running VM can be backed up", j.vm, printable(vm))
 	}
+	if err := changedBlockTracking(vm); err != nil {
+		return err
+	}
 	msg := fmt.Sprintf("accepted backup %s of VirtualMachine %s", j.backup, j.vm)
 	return r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Accepted", msg, func(s *velerov2.DataUploadStatus) {
 		s.Phase = velerov2.DataUploadPhaseAccepted
 		s.AcceptedByNode = r.Config.Identity
 		s.AcceptedTimestamp = r.now()
 	})
+}
+
+// changedBlockTracking fails, or waits, unless KubeVirt tracks the VM's
+// changed blocks: it backs up no other VM, and would keep the backup
+// Initializing for good.
+func changedBlockTracking(vm *kubevirtv1.VirtualMachine) error {
+	var state kubevirtv1.ChangedBlockTrackingState
+	if vm.Status.ChangedBlockTracking != nil {
+		state = vm.Status.ChangedBlockTracking.State
+	}
+	switch state {
+	case kubevirtv1.ChangedBlockTrackingEnabled:
+		return nil
+	case kubevirtv1.ChangedBlockTrackingInitializing:
+		return waitFor("WaitingForChangedBlockTracking", 0, "waiting for KubeVirt to track the changed blocks of VirtualMachine %s/%s", vm.Namespace, vm.Name)
+	case kubevirtv1.ChangedBlockTrackingPendingRestart:
+		return fatal("VirtualMachine %s/%s must restart before KubeVirt tracks its changed blocks (its changedBlockTracking is PendingRestart)", vm.Namespace, vm.Name)
+	}
+	if state == "" {
+		state = "unset"
+	}
+	return fatal("KubeVirt does not track the changed blocks of VirtualMachine %s/%s (its changedBlockTracking is %s): "+
+		"turn on the IncrementalBackup and UtilityVolumes gates and select the VM in changedBlockTrackingLabelSelectors", vm.Namespace, vm.Name, state)
 }
 
 func printable(vm *kubevirtv1.VirtualMachine) string {
@@ -347,7 +373,11 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 		return fatal("VirtualMachineBackup %s failed: %s", j.key(), msg)
 	}
 	if !vmb.Succeeded() {
-		return waitFor("WaitingForVMBackup", 0, "waiting for VirtualMachineBackup %s", j.key())
+		stage := ""
+		if st := vmb.Stage(); st != "" {
+			stage = " (" + st + ")"
+		}
+		return waitFor("WaitingForVMBackup", 0, "waiting for VirtualMachineBackup %s%s", j.key(), stage)
 	}
 	if vmb.Status.CheckpointName == "" {
 		return fatal("VirtualMachineBackup %s completed without a checkpoint name", j.key())

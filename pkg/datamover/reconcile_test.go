@@ -388,6 +388,14 @@ func newDownload(phase velerov2.DataDownloadPhase) *velerov2.DataDownload {
 	}
 }
 
+// cbtVM is the running VM prod/db with KubeVirt's changed block tracking
+// in state.
+func cbtVM(state kubevirtv1.ChangedBlockTrackingState) *kubevirtv1.VirtualMachine {
+	return &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod"},
+		Status: kubevirtv1.VirtualMachineStatus{PrintableStatus: kubevirtv1.VirtualMachineStatusRunning,
+			ChangedBlockTracking: &kubevirtv1.ChangedBlockTrackingStatus{State: state}}}
+}
+
 func with[T any](o T, change func(T)) T {
 	change(o)
 	return o
@@ -424,6 +432,18 @@ var _ = Describe("the DataUpload state machine", func() {
 				Status: kubevirtv1.VirtualMachineStatus{PrintableStatus: kubevirtv1.VirtualMachineStatusStopped}}},
 			phase: "Failed", message: "^VirtualMachine prod/db is Stopped: only a running VM can be backed up$", event: "Warning Failed", ends: "Failed",
 			cleaned: true}),
+		Entry("New: a VM whose changed blocks KubeVirt does not track fails it", newUpload(""), step{
+			objs:  []client.Object{cbtVM("")},
+			phase: "Failed", message: "^KubeVirt does not track the changed blocks of VirtualMachine prod/db \\(its changedBlockTracking is unset\\): turn on the IncrementalBackup",
+			event: "Warning Failed", ends: "Failed", cleaned: true}),
+		Entry("New: a VM that must restart for changed block tracking fails it", newUpload(""), step{
+			objs:  []client.Object{cbtVM(kubevirtv1.ChangedBlockTrackingPendingRestart)},
+			phase: "Failed", message: "^VirtualMachine prod/db must restart before KubeVirt tracks its changed blocks", event: "Warning Failed", ends: "Failed",
+			cleaned: true}),
+		Entry("New: changed block tracking being set up is waited for", newUpload(""), step{
+			objs:  []client.Object{cbtVM(kubevirtv1.ChangedBlockTrackingInitializing)},
+			phase: "", message: "^waiting for KubeVirt to track the changed blocks of VirtualMachine prod/db$", event: "Normal WaitingForChangedBlockTracking",
+			result: ctrl.Result{RequeueAfter: left}}),
 		Entry("New: no VM named fails it", with(newUpload(""), func(du *velerov2.DataUpload) { du.Annotations = nil; du.Spec.SourceNamespace = "" }), step{
 			phase: "Failed", message: "^DataUpload names no VirtualMachine", event: "Warning Failed", ends: "Failed"}),
 		Entry("Accepted: an older DataUpload of the VM goes first", newUpload(velerov2.DataUploadPhaseAccepted), step{

@@ -63,7 +63,7 @@ type testVM struct {
 func (v *testVM) catalogVM() catalog.VM { return catalog.VM{Namespace: v.namespace, Name: v.name} }
 
 // newVM makes a namespace of its own with a running VM known to the KubeVirt
-// stand-in.
+// stand-in, its changed blocks tracked.
 func newVM(ctx context.Context) *testVM {
 	n := specCounter.Add(1)
 	v := &testVM{namespace: fmt.Sprintf("vms-%d", n), name: "db", claim: "db-rootdisk"}
@@ -87,6 +87,7 @@ func newVM(ctx context.Context) *testVM {
 	}
 	Expect(k8s.Create(ctx, vm)).To(Succeed())
 	vm.Status.PrintableStatus = kubevirtv1.VirtualMachineStatusRunning
+	vm.Status.ChangedBlockTracking = &kubevirtv1.ChangedBlockTrackingStatus{State: kubevirtv1.ChangedBlockTrackingEnabled}
 	Expect(k8s.Status().Update(ctx, vm)).To(Succeed())
 
 	hv, err := backuptest.New(ctx, GinkgoT().TempDir(), diskSize)
