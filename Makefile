@@ -48,7 +48,7 @@ go-build:
 # import). The patched KubeVirt
 # components are the upstream images with our binaries on top, at
 # upstream's paths and modes; their bases come from KUBEVIRT_BASE:
-# "registry" (quay.io/kubevirt/<component>:v1.7.0), or a directory holding
+# "registry" (quay.io/kubevirt/<component>:$(KUBEVIRT_VERSION)), or a directory holding
 # an OCI layout <component>/ or a docker archive <component>.tar each.
 # Without it they are built on a base made here from Debian's packages,
 # with virt-operator and its manifest (hack/kubevirt-images.sh): what the
@@ -56,7 +56,10 @@ go-build:
 IMAGE_REGISTRY ?= kubevirt-qcow2
 IMAGE_TAG ?= dev
 KUBEVIRT_BASE ?=
-KUBEVIRT_OUT ?= $(OUT)/kubevirt-v1.7.0
+# The KubeVirt release the series is built on, and run (hack/common.sh).
+KUBEVIRT_VERSION ?= v1.8.3
+export KUBEVIRT_VERSION
+KUBEVIRT_OUT ?= $(OUT)/kubevirt-$(KUBEVIRT_VERSION)
 KUBEVIRT_COMPONENTS := virt-operator virt-api virt-controller virt-handler virt-launcher
 images: go-build $(BIN)/container-disk
 	$(BIN)/oci-image --out $(OUT)/images/overlay-hook --ref $(IMAGE_REGISTRY)/overlay-hook:$(IMAGE_TAG) \
@@ -69,7 +72,7 @@ images: go-build $(BIN)/container-disk
 	for c in $(KUBEVIRT_COMPONENTS); do \
 		[[ -x $(KUBEVIRT_OUT)/bin/$$c ]] || { echo "images: no $(KUBEVIRT_OUT)/bin/$$c: run make kubevirt"; exit 1; }; \
 		case "$(KUBEVIRT_BASE)" in \
-		registry) base=quay.io/kubevirt/$$c:v1.7.0 ;; \
+		registry) base=quay.io/kubevirt/$$c:$(KUBEVIRT_VERSION) ;; \
 		*) base=docker-archive:$(KUBEVIRT_BASE)/$$c.tar; [[ ! -d $(KUBEVIRT_BASE)/$$c ]] || base=oci:$(KUBEVIRT_BASE)/$$c ;; \
 		esac; \
 		files=(--file $(KUBEVIRT_OUT)/bin/$$c:/usr/bin/$$c:0555:0:0); \
@@ -77,9 +80,9 @@ images: go-build $(BIN)/container-disk
 		$(BIN)/oci-image --base "$$base" --out $(OUT)/images/$$c --ref $(IMAGE_REGISTRY)/$$c:$(IMAGE_TAG) "$${files[@]}"; \
 	done
 
-# Stock KubeVirt v1.7.0 built from the pristine tree the same way, under
+# Stock KubeVirt built from the pristine tree the same way, under
 # upstream's names, for the upgrade specs of `make e2e`: built once into
-# the cache (~/.cache/kubevirt-qcow2/kubevirt-stock-v1.7.0).
+# the cache (~/.cache/kubevirt-qcow2/kubevirt-stock-v1.8.3).
 images-stock:
 	hack/kubevirt-images.sh stock
 
@@ -139,14 +142,15 @@ e2e-velero: images images-velero
 	$(GO) test -count=1 -timeout 30m -v ./tests/e2e -ginkgo.label-filter=velero
 
 # KubeVirt's own unit tests in every package the series touches, patched
-# against pristine: v1.7.0's tree as `make kubevirt` left it, then v1.8.3's
-# series applied, its binaries built and its tests compared, both in the
-# Debian 13 build root (hack/buildroot.sh).
+# against pristine: v1.8.3's tree as `make kubevirt` left it (in the Debian
+# 13 build root, hack/buildroot.sh), then v1.7.0's series applied, its
+# binaries built and its tests compared (docs/install.md: what v1.7.0
+# keeps).
 test-upstream:
 	hack/kubevirt.sh test
-	KUBEVIRT_VERSION=v1.8.3 hack/kubevirt.sh apply
-	KUBEVIRT_VERSION=v1.8.3 hack/kubevirt.sh build
-	KUBEVIRT_VERSION=v1.8.3 hack/kubevirt.sh test
+	KUBEVIRT_VERSION=v1.7.0 hack/kubevirt.sh apply
+	KUBEVIRT_VERSION=v1.7.0 hack/kubevirt.sh build
+	KUBEVIRT_VERSION=v1.7.0 hack/kubevirt.sh test
 
 # Benchmarks compare alternatives side by side in one run and print ratios;
 # they need root, like the functional suites, and ~36 GiB free in /tmp

@@ -27,14 +27,30 @@ import (
 	"path/filepath"
 )
 
+// KubeVirtVersion is the KubeVirt release whose patched tree and binaries
+// the suites use: $KUBEVIRT_VERSION, as hack/ scripts read it, else the
+// default line.
+func KubeVirtVersion() string {
+	if v := os.Getenv("KUBEVIRT_VERSION"); v != "" {
+		return v
+	}
+	return "v1.8.3"
+}
+
 // KubeVirtTree is the assembled, patched KubeVirt tree the suites build
 // their tools in: $KUBEVIRT_TREE (as hack/kubevirt.sh uses it), else
-// _build/kubevirt-v1.7.0 of this checkout.
+// _build/kubevirt-<KubeVirtVersion> of this checkout.
 func KubeVirtTree() string {
 	if tree := os.Getenv("KUBEVIRT_TREE"); tree != "" {
 		return tree
 	}
-	return filepath.Join(RepoRoot(), "_build", "kubevirt-v1.7.0")
+	return filepath.Join(RepoRoot(), "_build", "kubevirt-"+KubeVirtVersion())
+}
+
+// KubeVirtOut is where `make` puts the patched KubeVirt's binaries and
+// manifests: _out/kubevirt-<KubeVirtVersion>.
+func KubeVirtOut() string {
+	return filepath.Join(OutDir(), "kubevirt-"+KubeVirtVersion())
 }
 
 // BuildInKubeVirtTree builds test tools whose source lives in this
@@ -73,8 +89,18 @@ func BuildInKubeVirtTree(ctx context.Context, tools map[string]string, outDir st
 	args = append(args, "-overlay", overlayFile, "-o", outDir+string(filepath.Separator))
 	cmd := exec.CommandContext(ctx, "go", append(args, pkgs...)...)
 	cmd.Dir = tree
+	// A tree whose go.work names modules the proxy refuses has a workspace
+	// beside it (hack/common.sh kubevirt_gowork).
+	if work := tree + ".gowork/go.work"; isFile(work) {
+		cmd.Env = append(os.Environ(), "GOWORK="+work)
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build %v inside %s: %w: %s", pkgs, tree, err, out)
 	}
 	return nil
+}
+
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }

@@ -53,7 +53,7 @@ var (
 	clusterScript = filepath.Join(testenv.RepoRoot(), "hack", "cluster.sh")
 	clusterDir    = filepath.Join(testenv.OutDir(), "cluster")
 	kubeconfig    = filepath.Join(clusterDir, "kubeconfig")
-	virtctlBin    = filepath.Join(testenv.OutDir(), "kubevirt-v1.7.0", "bin", "virtctl")
+	virtctlBin    = filepath.Join(testenv.KubeVirtOut(), "bin", "virtctl")
 	artifactsDir  = filepath.Join(testenv.OutDir(), "e2e-artifacts")
 	kubectlBin    string
 )
@@ -78,7 +78,7 @@ type kubevirtInstall string
 const (
 	// patched: the patched KubeVirt, installed by hack/cluster.sh kubevirt.
 	patched kubevirtInstall = "kubevirt"
-	// stock: KubeVirt v1.7.0 from the pristine tree (hack/cluster.sh
+	// stock: KubeVirt from the pristine tree (hack/cluster.sh
 	// kubevirt-stock), whatever the upgrade specs did to it since.
 	stock kubevirtInstall = "kubevirt-stock"
 )
@@ -133,7 +133,7 @@ var operatorImage = regexp.MustCompile(`(?m)^\s*image: (\S+/virt-operator\S*)$`)
 // patched manifest `make images` wrote (not, say, what the upgrade specs
 // left).
 func runsPatchedOperator(ctx context.Context) bool {
-	manifest, err := os.ReadFile(filepath.Join(testenv.OutDir(), "kubevirt-v1.7.0", "manifests", "kubevirt-operator.yaml"))
+	manifest, err := os.ReadFile(filepath.Join(testenv.KubeVirtOut(), "manifests", "kubevirt-operator.yaml"))
 	if err != nil {
 		return false
 	}

@@ -41,12 +41,14 @@ var (
 )
 
 // The stock release's images, as `hack/kubevirt-images.sh stock` names them.
-func stockImage(component string) string { return "quay.io/kubevirt/" + component + ":v1.7.0" }
+func stockImage(component string) string {
+	return "quay.io/kubevirt/" + component + ":" + testenv.KubeVirtVersion()
+}
 
 // patchedImage is the name `make images` gave a patched component: the
 // patched operator manifest's registry and tag.
 func patchedImage(component string) string {
-	manifest, err := os.ReadFile(filepath.Join(testenv.OutDir(), "kubevirt-v1.7.0", "manifests", "kubevirt-operator.yaml"))
+	manifest, err := os.ReadFile(filepath.Join(testenv.KubeVirtOut(), "manifests", "kubevirt-operator.yaml"))
 	Expect(err).ToNot(HaveOccurred())
 	m := operatorImage.FindSubmatch(manifest)
 	Expect(m).ToNot(BeNil(), "no virt-operator image in the patched manifest")
@@ -146,9 +148,9 @@ func expectStillRunning(ctx context.Context, vm, pod string) {
 	Expect(virsh(ctx, vm, "domstate", namespace+"_"+vm)).To(Equal("running"))
 }
 
-// From a stock KubeVirt v1.7.0 to the patched one and back, each way as
-// docs/install.md tells an administrator; the node starts fresh with the
-// stock release (hack/cluster.sh kubevirt-stock).
+// From stock KubeVirt to the patched one of the same release and back,
+// each way as docs/install.md tells an administrator; the node starts fresh
+// with the stock release (hack/cluster.sh kubevirt-stock).
 var _ = Describe("upgrade from stock KubeVirt and rollback", Ordered, Label(upgradeLabel, linuxGuestLabel), func() {
 	const (
 		plain      = "stock-plain"
