@@ -41,6 +41,7 @@ import (
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/api"
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter"
 	archconverter "kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter/arch"
+	convertertypes "kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter/types"
 )
 
 type pathMap []string
@@ -136,7 +137,7 @@ func convert(vmi *v1.VirtualMachineInstance, paths pathMap) (*api.Domain, error)
 			isBlock[overlay.TargetPodVolumeName(volume.Name)] = isBlockDevice(paths.resolve(overlay.TargetDevicePath(volume.Name)))
 		}
 	}
-	c := &converter.ConverterContext{
+	c := &convertertypes.ConverterContext{
 		Architecture:   archconverter.NewConverter(runtime.GOARCH),
 		VirtualMachine: vmi,
 		AllowEmulation: true,
@@ -158,9 +159,7 @@ func convert(vmi *v1.VirtualMachineInstance, paths pathMap) (*api.Domain, error)
 		if err := converter.SetDriverCacheMode(disk, checker); err != nil {
 			return nil, err
 		}
-		if err := converter.SetOptimalIOMode(disk); err != nil {
-			return nil, err
-		}
+		converter.SetOptimalIOMode(disk, converter.IsPreAllocated)
 	}
 	return domain, nil
 }

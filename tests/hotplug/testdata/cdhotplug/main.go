@@ -55,6 +55,7 @@ import (
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/api"
 	"kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter"
 	archconverter "kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter/arch"
+	convertertypes "kubevirt.io/kubevirt/pkg/virt-launcher/virtwrap/converter/types"
 )
 
 // socketDir is where virt-handler's container has the kubelet pods
@@ -298,7 +299,7 @@ func launcherDisks(args []string) error {
 	}
 	hostPath := p.hostPath
 
-	c := &converter.ConverterContext{
+	c := &convertertypes.ConverterContext{
 		Architecture:     archconverter.NewConverter(runtime.GOARCH),
 		VirtualMachine:   vmi,
 		AllowEmulation:   true,
@@ -340,9 +341,7 @@ func launcherDisks(args []string) error {
 		if err := converter.SetDriverCacheMode(&disk, checker); err != nil {
 			return err
 		}
-		if err := converter.SetOptimalIOMode(&disk); err != nil {
-			return err
-		}
+		converter.SetOptimalIOMode(&disk, converter.IsPreAllocated)
 		data, err := disk.HotplugXML()
 		if err != nil {
 			return err
@@ -363,7 +362,7 @@ func mapIfSet(path string, hostPath func(string) string) string {
 // probeHotplugContainerDisks does: the mounted image is probed and
 // validated with the functions it uses, and a writable one gets its
 // overlay.
-func probe(vmi *v1.VirtualMachineInstance, c *converter.ConverterContext, hostPath func(string) string, creator hotplugOverlays) error {
+func probe(vmi *v1.VirtualMachineInstance, c *convertertypes.ConverterContext, hostPath func(string) string, creator hotplugOverlays) error {
 	mounted := map[string]bool{}
 	for _, status := range vmi.Status.VolumeStatus {
 		if status.HotplugVolume != nil && (status.Phase == v1.HotplugVolumeMounted || status.Phase == v1.VolumeReady) {
