@@ -328,6 +328,19 @@ func cbtState(ctx context.Context, ns, vm string) string {
 	return out
 }
 
+// trackerCheckpoint is the latest checkpoint of the one
+// VirtualMachineBackupTracker of namespace ns, as KubeVirt keeps it.
+func trackerCheckpoint(ctx context.Context, ns string) string {
+	out, err := kubectl(ctx, "-n", ns, "get", "virtualmachinebackuptrackers.backup.kubevirt.io", "-o",
+		"jsonpath={range .items[*]}{.metadata.name} {.status.latestCheckpoint.name}{\"\\n\"}{end}")
+	Expect(err).ToNot(HaveOccurred())
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	Expect(lines).To(HaveLen(1), "trackers: %q", out)
+	fmt.Fprintf(GinkgoWriter, "VirtualMachineBackupTracker %s\n", lines[0])
+	_, checkpoint, _ := strings.Cut(lines[0], " ")
+	return checkpoint
+}
+
 // vmiStatus is the VM's VMI's phase and Ready condition.
 func vmiStatus(ctx context.Context, ns, vm string) string {
 	out, _ := kubectl(ctx, "-n", ns, "get", "vmi", vm, "-o",
@@ -472,6 +485,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 		Expect(full.Status.SnapshotID).To(Equal("vm-full/" + vmNamespace + "/" + vm))
 		Expect(full.Status.DataMoverResult).To(HaveKeyWithValue("type", "full"))
 		fullCheckpoint = full.Status.DataMoverResult["checkpoint"]
+		Expect(trackerCheckpoint(ctx, vmNamespace)).To(Equal(fullCheckpoint), "KubeVirt's tracker is on the checkpoint the datamover recorded")
 		fmt.Fprintf(GinkgoWriter, "full backup in %s: %v\n", time.Since(start).Round(time.Second), full.Status.DataMoverResult)
 		v.expectAvailable(ctx, time.Now())
 
@@ -494,6 +508,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 		Expect(incr.Status.Phase).To(Equal("Completed"), incr.Status.Message)
 		Expect(incr.Status.DataMoverResult).To(HaveKeyWithValue("type", "incremental"))
 		Expect(incr.Status.DataMoverResult).To(HaveKeyWithValue("parent", fullCheckpoint))
+		Expect(trackerCheckpoint(ctx, vmNamespace)).To(Equal(incr.Status.DataMoverResult["checkpoint"]))
 		fmt.Fprintf(GinkgoWriter, "incremental backup in %s: %v\n", time.Since(start).Round(time.Second), incr.Status.DataMoverResult)
 		// 256 KiB written: the incremental file holds those clusters and
 		// qcow2's metadata, not the disk.
