@@ -21,6 +21,7 @@ package veleroplugin
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/sirupsen/logrus"
 	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
@@ -28,6 +29,8 @@ import (
 	"github.com/vmware-tanzu/velero/pkg/plugin/velero"
 	biav2 "github.com/vmware-tanzu/velero/pkg/plugin/velero/backupitemaction/v2"
 	"github.com/vmware-tanzu/velero/pkg/util/kube"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
@@ -41,6 +44,16 @@ import (
 // as a disk of a VM, and the volume bound to it: its value is the VM,
 // "<namespace>/<name>". It exists only in backups; a restore drops it.
 const AnnotationDiskOf = "kubevirt-datamover.io/disk-of"
+
+// AnnotationStateOf marks, in a backup, KubeVirt's persistent state claim
+// of a VM whose disks the backup action saves, and the volume bound to it:
+// its value is the VM, "<namespace>/<name>". It exists only in backups.
+const AnnotationStateOf = "kubevirt-datamover.io/state-of"
+
+// stateClaimLabel is the label KubeVirt puts on a VM's persistent state
+// claim, naming the VM (its backend storage: changed block tracking's
+// bitmaps, a persistent vTPM, EFI variables).
+const stateClaimLabel = "persistent-state-for"
 
 // The resources ClaimBackupAction and ClaimRestoreAction apply to, and the
 // kind of a volume among them.
@@ -92,52 +105,72 @@ func (a *ClaimBackupAction) Execute(item runtime.Unstructured, backup *velerov1.
 		namespace, _, _ = unstructured.NestedString(u.Object, "spec", "claimRef", "namespace")
 		claim, _, _ = unstructured.NestedString(u.Object, "spec", "claimRef", "name")
 	}
-	var vm string
+	var mark, vm string
 	if namespace != "" && claim != "" {
 		var err error
-		if vm, err = a.diskOf(namespace, claim); err != nil {
+		if mark, vm, err = a.markOf(namespace, claim); err != nil {
 			return nil, nil, "", nil, err
 		}
 	}
 	annotations := u.GetAnnotations()
-	if vm == "" {
-		if _, marked := annotations[AnnotationDiskOf]; marked {
-			delete(annotations, AnnotationDiskOf)
-			u.SetAnnotations(annotations)
+	for _, key := range []string{AnnotationDiskOf, AnnotationStateOf} {
+		if _, marked := annotations[key]; marked && key != mark {
+			delete(annotations, key)
 		}
+	}
+	u.SetAnnotations(annotations)
+	if mark == "" {
 		return u, nil, "", nil, nil
 	}
 	if annotations == nil {
 		annotations = map[string]string{}
 	}
-	annotations[AnnotationDiskOf] = vm
+	annotations[mark] = vm
 	u.SetAnnotations(annotations)
-	a.log.WithFields(logrus.Fields{"backup": backup.Namespace + "/" + backup.Name, "vm": vm}).
-		Infof("%s %s is a disk the kubevirt data mover backs up: marked for its restore", u.GetKind(), u.GetName())
+	log := a.log.WithFields(logrus.Fields{"backup": backup.Namespace + "/" + backup.Name, "vm": vm})
+	if mark == AnnotationDiskOf {
+		log.Infof("%s %s is a disk the kubevirt data mover backs up: marked for its restore", u.GetKind(), u.GetName())
+	} else {
+		log.Infof("%s %s is KubeVirt's persistent state of the VM: marked for its restore", u.GetKind(), u.GetName())
+	}
 	return u, nil, "", nil, nil
 }
 
-// diskOf names the VM, "<namespace>/<name>", whose disk the backup action
-// saves in claim namespace/name, or "" when none does.
-func (a *ClaimBackupAction) diskOf(namespace, claim string) (string, error) {
+// markOf tells what claim namespace/name is to a VM whose disks the backup
+// action saves: AnnotationDiskOf for one of its disks, AnnotationStateOf
+// for its persistent state, with the VM, "<namespace>/<name>"; empty when
+// it is neither.
+func (a *ClaimBackupAction) markOf(namespace, claim string) (mark, vm string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
 	vms := &kubevirtv1.VirtualMachineList{}
 	if err := withRetry(func() error { return a.client.List(ctx, vms, client.InNamespace(namespace)) }); err != nil {
-		return "", fmt.Errorf("list VirtualMachines of namespace %s: %w", namespace, err)
+		return "", "", fmt.Errorf("list VirtualMachines of namespace %s: %w", namespace, err)
+	}
+	var stateOf string
+	if strings.HasPrefix(claim, stateClaimLabel+"-") {
+		pvc := &corev1.PersistentVolumeClaim{}
+		err := withRetry(func() error { return a.client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: claim}, pvc) })
+		if err != nil && !apierrors.IsNotFound(err) {
+			return "", "", fmt.Errorf("get PersistentVolumeClaim %s/%s: %w", namespace, claim, err)
+		}
+		stateOf = pvc.Labels[stateClaimLabel]
 	}
 	for i := range vms.Items {
 		vm := &vms.Items[i]
 		if !takesVM(vm) {
 			continue
 		}
+		if vm.Name == stateOf {
+			return AnnotationStateOf, vm.Namespace + "/" + vm.Name, nil
+		}
 		for _, d := range datamover.DiskClaims(vm) {
 			if d.Name == claim {
-				return vm.Namespace + "/" + vm.Name, nil
+				return AnnotationDiskOf, vm.Namespace + "/" + vm.Name, nil
 			}
 		}
 	}
-	return "", nil
+	return "", "", nil
 }
 
 // Progress has no operation to report: the action starts none.
@@ -185,17 +218,26 @@ func (a *ClaimRestoreAction) Execute(in *velero.RestoreItemActionExecuteInput) (
 	if fromBackup == nil {
 		fromBackup = in.Item
 	}
-	vm := (&unstructured.Unstructured{Object: fromBackup.UnstructuredContent()}).GetAnnotations()[AnnotationDiskOf]
-	if vm == "" {
+	marks := (&unstructured.Unstructured{Object: fromBackup.UnstructuredContent()}).GetAnnotations()
+	vm, stateOf := marks[AnnotationDiskOf], marks[AnnotationStateOf]
+	if vm == "" && stateOf == "" {
 		return velero.NewRestoreItemActionExecuteOutput(in.Item), nil
 	}
 	u := (&unstructured.Unstructured{Object: in.Item.UnstructuredContent()}).DeepCopy()
 	annotations := u.GetAnnotations()
 	delete(annotations, AnnotationDiskOf)
+	delete(annotations, AnnotationStateOf)
 	u.SetAnnotations(annotations)
 	restore := in.Restore
 	if r := restore.Spec.RestorePVs; r != nil && !*r {
 		return velero.NewRestoreItemActionExecuteOutput(u), nil
+	}
+	if stateOf != "" {
+		a.log.WithFields(logrus.Fields{"restore": restore.Namespace + "/" + restore.Name, "vm": stateOf}).
+			Warnf("%s %s not restored: KubeVirt's persistent state of the VM, which KubeVirt makes anew when the restored VM starts; "+
+				"its changed block tracking starts over, and a persistent vTPM or EFI variables, which the kubevirt data mover does not back up, start empty",
+				u.GetKind(), u.GetName())
+		return velero.NewRestoreItemActionExecuteOutput(u).WithoutRestore(), nil
 	}
 	log := a.log.WithFields(logrus.Fields{"restore": restore.Namespace + "/" + restore.Name, "vm": vm})
 	if u.GetKind() == volumeKind {

@@ -109,6 +109,22 @@ var _ = Describe("the claim backup action", func() {
 		}
 	})
 
+	It("marks KubeVirt's persistent state claim of such a VM and its volume", func() {
+		state := boundClaim("persistent-state-for-db-x7k2p")
+		state.Labels = map[string]string{"persistent-state-for": "db"}
+		action = veleroplugin.NewClaimBackupAction(newClient(interceptor.Funcs{}, vm, state), log)
+		u := backUp(action, state, kubevirtBackup())
+		Expect(u.GetAnnotations()).To(HaveKeyWithValue(veleroplugin.AnnotationStateOf, "prod/db"))
+		Expect(u.GetAnnotations()).NotTo(HaveKey(veleroplugin.AnnotationDiskOf))
+		pv := backUp(action, boundVolume(state.Name), kubevirtBackup())
+		Expect(pv.GetAnnotations()).To(HaveKeyWithValue(veleroplugin.AnnotationStateOf, "prod/db"))
+
+		By("not the state claim of another VM")
+		state.Labels["persistent-state-for"] = "web"
+		action = veleroplugin.NewClaimBackupAction(newClient(interceptor.Funcs{}, vm, state), log)
+		Expect(backUp(action, state, kubevirtBackup()).GetAnnotations()).NotTo(HaveKey(veleroplugin.AnnotationStateOf))
+	})
+
 	DescribeTable("leaves what the data mover does not save unmarked",
 		func(obj client.Object, change func(*kubevirtv1.VirtualMachine, *velerov1.Backup)) {
 			b := kubevirtBackup()
@@ -227,6 +243,16 @@ var _ = Describe("the claim restore action", func() {
 		out, err := action.Execute(restoreInput(marked(boundVolume("db-root"))))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(out.SkipRestore).To(BeTrue())
+	})
+
+	It("does not restore KubeVirt's persistent state claim of a VM, nor its volume: KubeVirt makes it anew", func() {
+		for _, obj := range []runtime.Object{boundClaim("persistent-state-for-db-x7k2p"), boundVolume("persistent-state-for-db-x7k2p")} {
+			u := item(obj)
+			u.SetAnnotations(map[string]string{veleroplugin.AnnotationStateOf: "prod/db"})
+			out, err := action.Execute(restoreInput(u))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out.SkipRestore).To(BeTrue())
+		}
 	})
 
 	It("leaves claims and volumes it did not mark to Velero", func() {
