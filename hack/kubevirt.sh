@@ -184,19 +184,20 @@ run_unit_tests() {
 	done
 }
 
-# pristine_cache is where the pristine tree's test results are kept: they
-# depend only on that tree, the Go toolchain, the machine and the build
-# root, so each package runs once, not in every `make test` (about half its
-# time).
-pristine_cache() {
+# results_cache REVISION LABEL is where the test results of the tree at
+# REVISION are kept: they depend only on that tree, the Go toolchain, the
+# machine and the build root, so each package runs once per tree, not in
+# every `make test`: the pristine tree's once per release, the patched
+# tree's once per state of the series.
+results_cache() {
 	local key
 	key=$({
-		tree_git rev-parse "${BASE_TAG}^{tree}"
+		tree_git rev-parse "$1^{tree}"
 		go version
 		uname -srm
 		[[ -z ${KUBEVIRT_BUILD_ROOT} ]] || basename "$("${QCOW2_ROOT}/hack/buildroot.sh" path)"
 	} | sha256sum | cut -c1-16)
-	echo "${QCOW2_CACHE}/kubevirt-tests/${KUBEVIRT_VERSION}-pristine-${key}"
+	echo "${QCOW2_CACHE}/kubevirt-tests/${KUBEVIRT_VERSION}-$2-${key}"
 }
 
 test_upstream() {
@@ -219,8 +220,12 @@ test_upstream() {
 	local reports="${KUBEVIRT_OUT}/upstream-tests"
 	mkdir -p "${reports}"
 	log "KubeVirt unit tests of ${#dirs[@]} packages: ${dirs[*]}"
-	run_unit_tests "${pristine}" "${reports}/pristine" "$(pristine_cache)" "${dirs[@]}"
-	run_unit_tests "${KUBEVIRT_TREE}" "${reports}/patched" "" "${dirs[@]}"
+	run_unit_tests "${pristine}" "${reports}/pristine" "$(results_cache "${BASE_TAG}" pristine)" "${dirs[@]}"
+	# The patched tree's results are kept only for a committed tree: work in
+	# progress runs every time.
+	local patched=
+	[[ -n $(tree_git status --porcelain) ]] || patched=$(results_cache HEAD patched)
+	run_unit_tests "${KUBEVIRT_TREE}" "${reports}/patched" "${patched}" "${dirs[@]}"
 	(cd "${QCOW2_ROOT}" && go run ./hack/testdiff "${reports}/pristine" "${reports}/patched")
 }
 
@@ -262,7 +267,7 @@ check_commits() {
 				die "the tests of commit ${commit} do not compile"
 			continue
 		fi
-		run_unit_tests "${pristine}" "${reports}/pristine" "$(pristine_cache)" "${dirs[@]}"
+		run_unit_tests "${pristine}" "${reports}/pristine" "$(results_cache "${BASE_TAG}" pristine)" "${dirs[@]}"
 		run_unit_tests "${check}" "${reports}/patched" "" "${dirs[@]}"
 		(cd "${QCOW2_ROOT}" && go run ./hack/testdiff "${reports}/pristine" "${reports}/patched") ||
 			die "commit ${commit} fails unit tests pristine KubeVirt passes, or its own"
