@@ -69,17 +69,19 @@ func DocShellBlocks(file, heading string) ([]string, error) {
 }
 
 // DocCommand returns the words of the one command line of a section's
-// shell blocks that contains want, its comment dropped.
+// shell blocks that has the words of want in a row, its comment dropped:
+// "-k deploy/kubevirt" is not found in "-k deploy/kubevirt-hook".
 func DocCommand(file, heading, want string) ([]string, error) {
 	blocks, err := DocShellBlocks(file, heading)
 	if err != nil {
 		return nil, err
 	}
+	wanted := " " + strings.Join(strings.Fields(want), " ") + " "
 	var found []string
 	for _, block := range blocks {
 		for _, line := range strings.Split(block, "\n") {
 			line, _, _ = strings.Cut(line, " #")
-			if strings.Contains(line, want) {
+			if strings.Contains(" "+strings.Join(strings.Fields(line), " ")+" ", wanted) {
 				found = append(found, line)
 			}
 		}

@@ -132,7 +132,7 @@ var _ = It("a Linux test guest that met an error is not consistent", func() {
 
 var _ = Describe("the commands of a document", func() {
 	const doc = "# Title\n\n```sh\nmake\n```\n\n## Install\n\nText.\n\n```sh\nkubectl apply -k deploy/kubevirt   # the images first\n```\n\n" +
-		"### Gates\n\n```sh\nkubectl patch kubevirt kubevirt\n```\n\n```yaml\nkind: KubeVirt\n```\n\n## Roll back\n\n```sh\nkubectl apply -k deploy/kubevirt/rollback\n```\n"
+		"### Gates\n\n```sh\nkubectl patch kubevirt kubevirt\nkubectl apply -k deploy/kubevirt-hook\n```\n\n```yaml\nkind: KubeVirt\n```\n\n## Roll back\n\n```sh\nkubectl apply -k deploy/kubevirt/rollback\n```\n"
 	var file string
 	BeforeEach(func() {
 		file = filepath.Join(GinkgoT().TempDir(), "doc.md")
@@ -141,16 +141,19 @@ var _ = Describe("the commands of a document", func() {
 
 	It("are the shell blocks of a section and its subsections, up to the next heading of its level", func() {
 		Expect(testenv.DocShellBlocks(file, "## Install")).To(Equal([]string{
-			"kubectl apply -k deploy/kubevirt   # the images first\n", "kubectl patch kubevirt kubevirt\n"}))
-		Expect(testenv.DocShellBlocks(file, "### Gates")).To(Equal([]string{"kubectl patch kubevirt kubevirt\n"}))
+			"kubectl apply -k deploy/kubevirt   # the images first\n", "kubectl patch kubevirt kubevirt\nkubectl apply -k deploy/kubevirt-hook\n"}))
+		Expect(testenv.DocShellBlocks(file, "### Gates")).To(Equal([]string{"kubectl patch kubevirt kubevirt\nkubectl apply -k deploy/kubevirt-hook\n"}))
 		Expect(testenv.DocShellBlocks(file, "# Title")).To(HaveLen(4))
 		_, err := testenv.DocShellBlocks(file, "## Upgrade")
 		Expect(err).To(MatchError(ContainSubstring(`no section "## Upgrade"`)))
 	})
 
 	It("give one command line by what it contains, without its comment", func() {
-		Expect(testenv.DocCommand(file, "## Install", "apply")).To(Equal([]string{"kubectl", "apply", "-k", "deploy/kubevirt"}))
-		_, err := testenv.DocCommand(file, "# Title", "kubectl")
-		Expect(err).To(MatchError(ContainSubstring("3 command lines")))
+		Expect(testenv.DocCommand(file, "## Install", "-k deploy/kubevirt")).To(Equal([]string{"kubectl", "apply", "-k", "deploy/kubevirt"}))
+		Expect(testenv.DocCommand(file, "## Install", "-k deploy/kubevirt-hook")).To(Equal([]string{"kubectl", "apply", "-k", "deploy/kubevirt-hook"}))
+		_, err := testenv.DocCommand(file, "## Install", "apply")
+		Expect(err).To(MatchError(ContainSubstring("2 command lines")))
+		_, err = testenv.DocCommand(file, "# Title", "kubectl")
+		Expect(err).To(MatchError(ContainSubstring("4 command lines")))
 	})
 })
