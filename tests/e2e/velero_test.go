@@ -355,6 +355,7 @@ func restoredGuest(ctx context.Context, ns, vm string, published int) {
 	status := waitLinuxDoneIn(ctx, ns, vm)
 	Expect(status.Boot).To(Equal(2))
 	Expect(status.Listed).To(Equal(published))
+	fmt.Fprintf(GinkgoWriter, "restored guest in %s/%s: boot %d, verified %d/%d pieces it published\n", ns, vm, status.Boot, status.Verified, status.Listed)
 }
 
 // restoredDisk checks the disk a restore wrote into the VM's claim while
@@ -568,10 +569,11 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 		v.expectPhase(ctx, "restore", "vm-restore")
 		fmt.Fprintf(GinkgoWriter, "restore in %s\n", time.Since(start).Round(time.Second))
 
-		By("the VMI and launcher pod of the backup left to KubeVirt to make again")
+		By("the VMI, launcher pod and state claim of the backup left to KubeVirt to make again")
 		logs, err := v.velero(ctx, "restore", "logs", "vm-restore")
 		Expect(err).ToNot(HaveOccurred())
-		Expect(logs).To(And(ContainSubstring("VirtualMachineInstance not restored"), ContainSubstring("Pod not restored")))
+		Expect(logs).To(And(ContainSubstring("VirtualMachineInstance not restored"), ContainSubstring("Pod not restored"),
+			MatchRegexp(`PersistentVolumeClaim persistent-state-for-`+vm+`-\w+ not restored: KubeVirt's persistent state of the VM`)))
 
 		By("the VM running again on its restored claim")
 		Eventually(vmiStatus).WithContext(ctx).WithArguments(vmNamespace, vm).WithTimeout(startTimeout).
