@@ -32,8 +32,10 @@
 #                                   bindings, of the root's libnbd version
 #
 # The go command is this machine's (a static program) and sees what it sees
-# here at the same paths: the project, the cache, the current directory, Go's
-# module and build caches. It runs in a mount namespace of its own, so
+# here at the same paths: the project, the cache, the current directory, the
+# KubeVirt output directory, the workspace file's directory, Go's module and
+# build caches; they may lie outside the project (KUBEVIRT_TREE,
+# KUBEVIRT_OUT). It runs in a mount namespace of its own, so
 # nothing stays mounted after it.
 set -euo pipefail
 
@@ -95,12 +97,15 @@ libnbd_go() {
 in_root() {
 	local root=$1 path
 	shift
-	local paths=("${QCOW2_ROOT}" "${QCOW2_CACHE}" "${PWD}")
+	local paths=("${QCOW2_ROOT}" "${QCOW2_CACHE}" "${PWD}" "${KUBEVIRT_OUT}")
 	paths+=("$(go env GOROOT)" "$(go env GOMODCACHE)" "$(go env GOCACHE)")
+	[[ -z ${GOWORK:-} || ${GOWORK} == off ]] || paths+=("$(dirname "${GOWORK}")")
 	for path in "${paths[@]}"; do
-		mkdir -p "${root}${path}"
+		mkdir -p "${path}" "${root}${path}"
 		mount --bind "${path}" "${root}${path}"
 	done
+	# Temporary files land where they would here, not in the cached root.
+	mount --bind /tmp "${root}/tmp"
 	mount -t proc proc "${root}/proc"
 	mount --rbind /dev "${root}/dev"
 	mount --rbind /sys "${root}/sys"
