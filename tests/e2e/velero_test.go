@@ -147,12 +147,16 @@ func installVelero(ctx context.Context) *veleroSetup {
 	backupDir := filepath.Join(filepath.Dir(kubevirtDir), "kubevirt-backup")
 	Expect(os.CopyFS(backupDir, os.DirFS(filepath.Join(testenv.RepoRoot(), "deploy", "kubevirt-backup")))).To(Succeed())
 	applyAsDocumented(ctx, "### KubeVirt's backup API", "deploy/kubevirt-backup", backupDir)
+	// The operator's Deployment as deploy/kubevirt has it can roll the
+	// components out again: the specs start on a settled KubeVirt.
+	waitKubeVirtOn(ctx, patchedImage)
 	Expect(kubectl(ctx, "-n", "kubevirt", "patch", "kubevirt", "kubevirt", "--type", "merge",
 		"-p", `{"spec":{"configuration":{"vmStateStorageClass":"`+veleroClass+`"}}}`)).Error().ToNot(HaveOccurred())
 	DeferCleanup(func(ctx SpecContext) {
 		Expect(kubectl(ctx, "-n", "kubevirt", "patch", "kubevirt", "kubevirt", "--type", "merge",
 			"-p", `{"spec":{"configuration":{"vmStateStorageClass":null}}}`)).Error().ToNot(HaveOccurred())
 		applyAsDocumented(ctx, "## Install", "deploy/kubevirt", kubevirtDir)
+		waitKubeVirtOn(ctx, patchedImage)
 	})
 
 	By("the datamover, from deploy/datamover with our images")
