@@ -529,9 +529,10 @@ up() {
 
 # KubeVirt as users install it: the operator manifest, then a KubeVirt CR;
 # emulation only without KVM. The patched KubeVirt gets the CR of
-# deploy/kubevirt with our feature gates; stock KubeVirt (built by
-# `hack/kubevirt-images.sh stock`) its release's CR, no gates, created
-# with `kubectl create` as KubeVirt's installation guide does (verb).
+# deploy/kubevirt with our feature gates, both applied server-side; stock
+# KubeVirt (built by `hack/kubevirt-images.sh stock`) its release's CR, no
+# gates, created with `kubectl create` as KubeVirt's installation guide
+# does (verb).
 install_kubevirt() {
 	local start=${SECONDS} images=$1 manifest=$2 cr=$3 verb=$4 c archives=()
 	[[ -n $(node_pid) ]] || die "no node runs: hack/cluster.sh up"
@@ -541,10 +542,16 @@ install_kubevirt() {
 	done
 	import_archives "${archives[@]}" || kubevirt_failed "cannot import KubeVirt's images from ${images}"
 	log "images imported in $((SECONDS - start))s"
-	node_kubectl "${verb}" -f "${manifest}" >/dev/null
+	# Applied server-side, not client-side: a later server-side apply of
+	# deploy/kubevirt would take over every field client-side apply had
+	# recorded, and applying it again would remove the ones it lacks
+	# (docs/install.md, Roll back).
+	local how=("${verb}")
+	[[ ${verb} != apply ]] || how=(apply --server-side)
+	node_kubectl "${how[@]}" -f "${manifest}" >/dev/null
 	node_kubectl -n kubevirt rollout status deployment/virt-operator --timeout=300s ||
 		kubevirt_failed "virt-operator did not become ready"
-	node_kubectl "${verb}" -f "${cr}" >/dev/null
+	node_kubectl "${how[@]}" -f "${cr}" >/dev/null
 	local why
 	if why=$(emulation_reason); then
 		log "VMs run emulated (KubeVirt's useEmulation): ${why}"
