@@ -76,12 +76,14 @@ func DocCommand(file, heading, want string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	wanted := " " + strings.Join(strings.Fields(want), " ") + " "
+	// Words between single spaces, so that a match starts and ends on a word.
+	words := func(s string) string { return " " + strings.Join(strings.Fields(s), " ") + " " }
+	wanted := words(want)
 	var found []string
 	for _, block := range blocks {
 		for _, line := range strings.Split(block, "\n") {
 			line, _, _ = strings.Cut(line, " #")
-			if strings.Contains(" "+strings.Join(strings.Fields(line), " ")+" ", wanted) {
+			if strings.Contains(words(line), wanted) {
 				found = append(found, line)
 			}
 		}

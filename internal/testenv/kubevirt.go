@@ -91,16 +91,12 @@ func BuildInKubeVirtTree(ctx context.Context, tools map[string]string, outDir st
 	cmd.Dir = tree
 	// A tree whose go.work names modules the proxy refuses has a workspace
 	// beside it (hack/common.sh kubevirt_gowork).
-	if work := tree + ".gowork/go.work"; isFile(work) {
+	work := tree + ".gowork/go.work"
+	if fi, err := os.Stat(work); err == nil && fi.Mode().IsRegular() {
 		cmd.Env = append(os.Environ(), "GOWORK="+work)
 	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build %v inside %s: %w: %s", pkgs, tree, err, out)
 	}
 	return nil
-}
-
-func isFile(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular()
 }

@@ -113,7 +113,8 @@ func (s *flakyStore) Get(ctx context.Context, key string, offset, length int64) 
 var created = time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)
 
 // world is what a DataUpload or DataDownload of VM prod/db finds: the
-// running VM, KubeVirt tracking its changed blocks, with its claim, an Available location and its credentials.
+// running VM, KubeVirt tracking its changed blocks, with its claim, an
+// Available location and its credentials.
 func world() []client.Object {
 	claim := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "db-root", Namespace: "prod"},
