@@ -377,7 +377,10 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 		if st := vmb.Stage(); st != "" {
 			stage = " (" + st + ")"
 		}
-		return waitFor("WaitingForVMBackup", 0, "waiting for VirtualMachineBackup %s%s", j.key(), stage)
+		if err := r.instanceRuns(ctx, j, stage); err != nil {
+			return err
+		}
+		return waitFor("WaitingForVMBackup", r.Config.PollInterval, "waiting for VirtualMachineBackup %s%s", j.key(), stage)
 	}
 	if vmb.Status.CheckpointName == "" {
 		return fatal("VirtualMachineBackup %s completed without a checkpoint name", j.key())
@@ -386,6 +389,26 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 	return r.setStatus(ctx, j.du, corev1.EventTypeNormal, "Prepared", msg, func(s *velerov2.DataUploadStatus) {
 		s.Phase = velerov2.DataUploadPhasePrepared
 	})
+}
+
+// instanceRuns fails the backup when the VM's instance stopped before
+// KubeVirt ended it: KubeVirt fails a backup it began, but waits without end
+// for a backup it has not begun yet.
+func (r *DataUploadReconciler) instanceRuns(ctx context.Context, j *uploadJob, stage string) error {
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	err := r.Reader.Get(ctx, client.ObjectKey{Namespace: j.vm.Namespace, Name: j.vm.Name}, vmi)
+	switch {
+	case apierrors.IsNotFound(err):
+		return fatal("VirtualMachine %s stopped before its VirtualMachineBackup %s ended%s", j.vm, j.key(), stage)
+	case err != nil:
+		return fmt.Errorf("get VirtualMachineInstance %s: %w", j.vm, err)
+	case vmi.DeletionTimestamp != nil:
+		return fatal("VirtualMachine %s stopped before its VirtualMachineBackup %s ended: its instance is being deleted%s", j.vm, j.key(), stage)
+	case vmi.Status.Phase != kubevirtv1.Running:
+		return fatal("VirtualMachine %s stopped before its VirtualMachineBackup %s ended: its instance is in phase %q%s",
+			j.vm, j.key(), vmi.Status.Phase, stage)
+	}
+	return nil
 }
 
 // aheadInLine names the oldest live DataUpload of the same VM created before

@@ -113,7 +113,7 @@ func (s *flakyStore) Get(ctx context.Context, key string, offset, length int64) 
 var created = time.Date(2026, 11, 30, 6, 0, 0, 0, time.UTC)
 
 // world is what a DataUpload or DataDownload of VM prod/db finds: the
-// running VM, KubeVirt tracking its changed blocks, with its claim, an
+// running VM and its instance, KubeVirt tracking its changed blocks, with its claim, an
 // Available location and its credentials.
 func world() []client.Object {
 	claim := &corev1.PersistentVolumeClaim{
@@ -133,6 +133,8 @@ func world() []client.Object {
 		Status: kubevirtv1.VirtualMachineStatus{PrintableStatus: kubevirtv1.VirtualMachineStatusRunning,
 			ChangedBlockTracking: &kubevirtv1.ChangedBlockTrackingStatus{State: kubevirtv1.ChangedBlockTrackingEnabled}},
 	}
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod"},
+		Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Running}}
 	bsl := &velerov1.BackupStorageLocation{
 		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "velero"},
 		Spec: velerov1.BackupStorageLocationSpec{
@@ -146,7 +148,7 @@ func world() []client.Object {
 		ObjectMeta: metav1.ObjectMeta{Name: defaultCredentialsSecret, Namespace: "velero"},
 		Data:       map[string][]byte{defaultCredentialsKey: []byte("[default]\naws_access_key_id = a\naws_secret_access_key = b\n")},
 	}
-	return []client.Object{claim, vm, bsl, secret}
+	return []client.Object{claim, vm, vmi, bsl, secret}
 }
 
 // fakeAPI is a fake API server holding objs whose answers f spoils.

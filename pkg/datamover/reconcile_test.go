@@ -61,8 +61,9 @@ const (
 
 // step is one reconcile: what it starts from and what it must leave.
 type step struct {
-	objs  []client.Object // besides world()
-	after time.Duration   // since creation; a minute when zero
+	objs    []client.Object // besides world()
+	removes []client.Object // of world(), by kind and name
+	after   time.Duration   // since creation; a minute when zero
 
 	phase   string
 	message string // a regular expression
@@ -104,11 +105,12 @@ func newStepper(s step, owner client.Object) *stepper {
 	if after == 0 {
 		after = time.Minute
 	}
-	// An object of s replaces the world's of the same kind and name.
+	// An object of s replaces the world's of the same kind and name, or
+	// removes it.
 	var objs []client.Object
 	for _, o := range world() {
 		replaced := false
-		for _, n := range s.objs {
+		for _, n := range append(s.objs, s.removes...) {
 			replaced = replaced || sameKind(o, n) && client.ObjectKeyFromObject(o) == client.ObjectKeyFromObject(n)
 		}
 		if !replaced {
@@ -464,7 +466,17 @@ var _ = Describe("the DataUpload state machine", func() {
 		Entry("Accepted: KubeVirt still writes", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  []client.Object{vmBackup(nil)},
 			phase: "Accepted", message: "^waiting for VirtualMachineBackup prod/kubevirt-backup-nightly-db$", event: "Normal WaitingForVMBackup",
-			result: ctrl.Result{RequeueAfter: left}}),
+			result: ctrl.Result{RequeueAfter: 30 * time.Second}}),
+		Entry("Accepted: the VM stopped before KubeVirt began fails it", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs:    []client.Object{vmBackup(nil)},
+			removes: []client.Object{&kubevirtv1.VirtualMachineInstance{ObjectMeta: inProd("db")}},
+			phase:   "Failed", message: "^VirtualMachine prod/db stopped before its VirtualMachineBackup prod/kubevirt-backup-nightly-db ended$",
+			event: "Warning Failed", ends: "Failed", cleaned: true}),
+		Entry("Accepted: the VM's instance failing before KubeVirt began fails it", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs: []client.Object{vmBackup(nil), &kubevirtv1.VirtualMachineInstance{ObjectMeta: inProd("db"),
+				Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Failed}}},
+			phase: "Failed", message: `^VirtualMachine prod/db stopped before its VirtualMachineBackup prod/kubevirt-backup-nightly-db ended: its instance is in phase "Failed"$`,
+			event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Accepted: KubeVirt wrote the checkpoint", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1"))},
 			phase: "Prepared", message: "^KubeVirt wrote full checkpoint cp-1$", event: "Normal Prepared",

@@ -62,8 +62,8 @@ type testVM struct {
 
 func (v *testVM) catalogVM() catalog.VM { return catalog.VM{Namespace: v.namespace, Name: v.name} }
 
-// newVM makes a namespace of its own with a running VM known to the KubeVirt
-// stand-in, its changed blocks tracked.
+// newVM makes a namespace of its own with a running VM and its instance,
+// known to the KubeVirt stand-in, its changed blocks tracked.
 func newVM(ctx context.Context) *testVM {
 	n := specCounter.Add(1)
 	v := &testVM{namespace: fmt.Sprintf("vms-%d", n), name: "db", claim: "db-rootdisk"}
@@ -89,6 +89,10 @@ func newVM(ctx context.Context) *testVM {
 	vm.Status.PrintableStatus = kubevirtv1.VirtualMachineStatusRunning
 	vm.Status.ChangedBlockTracking = &kubevirtv1.ChangedBlockTrackingStatus{State: kubevirtv1.ChangedBlockTrackingEnabled}
 	Expect(k8s.Status().Update(ctx, vm)).To(Succeed())
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: v.name, Namespace: v.namespace}}
+	Expect(k8s.Create(ctx, vmi)).To(Succeed())
+	vmi.Status.Phase = kubevirtv1.Running
+	Expect(k8s.Status().Update(ctx, vmi)).To(Succeed())
 
 	hv, err := backuptest.New(ctx, GinkgoT().TempDir(), diskSize)
 	Expect(err).NotTo(HaveOccurred())
