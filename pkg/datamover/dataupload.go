@@ -34,6 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -193,6 +194,7 @@ func (r *DataUploadReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Ma
 		Watches(&velerov1.BackupStorageLocation{}, handler.EnqueueRequestsFromMapFunc(r.usersOfLocation)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataUpload))).
 		Watches(kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK), handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataUpload))).
+		Watches(&kubevirtv1.VirtualMachineInstance{}, handler.EnqueueRequestsFromMapFunc(r.uploadsOfInstance)).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("set up the DataUpload controller: %w", err)
@@ -219,6 +221,23 @@ func (r *DataUploadReconciler) siblings(ctx context.Context, o client.Object) []
 	for _, s := range list.Items {
 		if s.Name != du.Name && !uploadDone(s.Status.Phase) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: nn(s.Namespace, s.Name)})
+		}
+	}
+	return reqs
+}
+
+// uploadsOfInstance wakes the live DataUploads of a VM when its instance
+// changes: one that stops fails the backup at once.
+func (r *DataUploadReconciler) uploadsOfInstance(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &velerov2.DataUploadList{}
+	vm := catalog.VM{Namespace: o.GetNamespace(), Name: o.GetName()}
+	if err := r.Client.List(ctx, list, client.MatchingFields{indexVM: vm.String()}); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, du := range list.Items {
+		if !uploadDone(du.Status.Phase) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: nn(du.Namespace, du.Name)})
 		}
 	}
 	return reqs
@@ -370,6 +389,9 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 		return err
 	}
 	if failed, msg := vmb.Failed(); failed {
+		if strings.Contains(msg, "No space left on device") {
+			msg += r.tooSmall(ctx, j)
+		}
 		return fatal("VirtualMachineBackup %s failed: %s", j.key(), msg)
 	}
 	if !vmb.Succeeded() {
@@ -377,7 +399,7 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 		if st := vmb.Stage(); st != "" {
 			stage = " (" + st + ")"
 		}
-		if err := r.instanceRuns(ctx, j, stage); err != nil {
+		if err := r.instanceRuns(ctx, j, types.UID(vmb.Annotations[AnnotationInstance]), stage); err != nil {
 			return err
 		}
 		return waitFor("WaitingForVMBackup", r.Config.PollInterval, "waiting for VirtualMachineBackup %s%s", j.key(), stage)
@@ -391,22 +413,38 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 	})
 }
 
-// instanceRuns fails the backup when the VM's instance stopped before
-// KubeVirt ended it: KubeVirt fails a backup it began, but waits without end
-// for a backup it has not begun yet.
-func (r *DataUploadReconciler) instanceRuns(ctx context.Context, j *uploadJob, stage string) error {
+// tooSmall says which volume a backup filled and how to give the next one
+// more room: KubeVirt neither checks nor grows it.
+func (r *DataUploadReconciler) tooSmall(ctx context.Context, j *uploadJob) string {
+	size := "its size unknown"
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Reader.Get(ctx, j.key(), pvc); err == nil {
+		if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok {
+			size = q.String()
+		}
+	}
+	return fmt.Sprintf(": the backup's volume (claim %s, %s) is too small; set annotation %s on VirtualMachine %s to a larger size",
+		j.key(), size, AnnotationBackupPVCSize, j.vm)
+}
+
+// instanceRuns fails the backup when the VM's instance it is of stopped,
+// or was replaced, before KubeVirt ended it: KubeVirt fails a backup it
+// began, but one it has not begun waits for an instance without end.
+func (r *DataUploadReconciler) instanceRuns(ctx context.Context, j *uploadJob, uid types.UID, stage string) error {
 	vmi := &kubevirtv1.VirtualMachineInstance{}
 	err := r.Reader.Get(ctx, client.ObjectKey{Namespace: j.vm.Namespace, Name: j.vm.Name}, vmi)
+	stopped := "VirtualMachine %s stopped before its VirtualMachineBackup %s ended"
 	switch {
 	case apierrors.IsNotFound(err):
-		return fatal("VirtualMachine %s stopped before its VirtualMachineBackup %s ended%s", j.vm, j.key(), stage)
+		return fatal(stopped+"%s", j.vm, j.key(), stage)
 	case err != nil:
 		return fmt.Errorf("get VirtualMachineInstance %s: %w", j.vm, err)
+	case uid != "" && vmi.UID != uid:
+		return fatal(stopped+": it runs again as another instance%s", j.vm, j.key(), stage)
 	case vmi.DeletionTimestamp != nil:
-		return fatal("VirtualMachine %s stopped before its VirtualMachineBackup %s ended: its instance is being deleted%s", j.vm, j.key(), stage)
+		return fatal(stopped+": its instance is being deleted%s", j.vm, j.key(), stage)
 	case vmi.Status.Phase != kubevirtv1.Running:
-		return fatal("VirtualMachine %s stopped before its VirtualMachineBackup %s ended: its instance is in phase %q%s",
-			j.vm, j.key(), vmi.Status.Phase, stage)
+		return fatal(stopped+": its instance is in phase %q%s", j.vm, j.key(), vmi.Status.Phase, stage)
 	}
 	return nil
 }
@@ -454,6 +492,13 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	if err != nil {
 		return err
 	}
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := r.Reader.Get(ctx, client.ObjectKey{Namespace: j.vm.Namespace, Name: j.vm.Name}, vmi); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fatal("VirtualMachine %s stopped before its backup began", j.vm)
+		}
+		return fmt.Errorf("get VirtualMachineInstance %s: %w", j.vm, err)
+	}
 	tracker, err := r.ensureTracker(ctx, j)
 	if err != nil {
 		return err
@@ -483,7 +528,7 @@ func (r *DataUploadReconciler) startBackup(ctx context.Context, j *uploadJob, bs
 	if err := r.createClaim(ctx, j, size); err != nil {
 		return err
 	}
-	if err := r.createVMBackup(ctx, j, tracker, plan, disks); err != nil {
+	if err := r.createVMBackup(ctx, j, vmi.UID, tracker, plan, disks); err != nil {
 		return err
 	}
 	if plan.Type == catalog.Full {
@@ -575,8 +620,9 @@ func (r *DataUploadReconciler) createClaim(ctx context.Context, j *uploadJob, si
 	return nil
 }
 
-func (r *DataUploadReconciler) createVMBackup(ctx context.Context, j *uploadJob, tracker *kubevirtbackup.VMBackupTracker, plan *backup.Plan, disks []vmDisk) error {
+func (r *DataUploadReconciler) createVMBackup(ctx context.Context, j *uploadJob, instance types.UID, tracker *kubevirtbackup.VMBackupTracker, plan *backup.Plan, disks []vmDisk) error {
 	meta := j.meta()
+	meta.Annotations[AnnotationInstance] = string(instance)
 	meta.Annotations[AnnotationPlanType] = string(plan.Type)
 	meta.Annotations[AnnotationPlanParent] = plan.Parent
 	meta.Annotations[AnnotationPlanReason] = plan.Reason

@@ -133,7 +133,7 @@ func world() []client.Object {
 		Status: kubevirtv1.VirtualMachineStatus{PrintableStatus: kubevirtv1.VirtualMachineStatusRunning,
 			ChangedBlockTracking: &kubevirtv1.ChangedBlockTrackingStatus{State: kubevirtv1.ChangedBlockTrackingEnabled}},
 	}
-	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod"},
+	vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod", UID: "vmi-uid"},
 		Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Running}}
 	bsl := &velerov1.BackupStorageLocation{
 		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "velero"},

@@ -93,6 +93,9 @@ const (
 	AnnotationPlanType   = "kubevirt-datamover.io/plan-type"
 	AnnotationPlanParent = "kubevirt-datamover.io/plan-parent"
 	AnnotationPlanReason = "kubevirt-datamover.io/plan-reason"
+	// AnnotationInstance on the VirtualMachineBackup is the UID of the
+	// VM's instance the backup is of.
+	AnnotationInstance = "kubevirt-datamover.io/instance"
 
 	// LabelBackupName is Velero's label naming the backup of a DataUpload.
 	LabelBackupName = "velero.io/backup-name"

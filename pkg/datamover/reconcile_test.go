@@ -228,7 +228,7 @@ func moverPodIn(meta metav1.ObjectMeta, phase corev1.PodPhase, message string) *
 // vmBackup is the VirtualMachineBackup of nightly-db as KubeVirt reports it.
 func vmBackup(status *kubevirtbackup.VMBackupStatus) client.Object {
 	meta := inProd(uploadChild)
-	meta.Annotations = map[string]string{AnnotationDisks: "rootdisk=db-root:1Gi", AnnotationPlanType: string(catalog.Full)}
+	meta.Annotations = map[string]string{AnnotationDisks: "rootdisk=db-root:1Gi", AnnotationPlanType: string(catalog.Full), AnnotationInstance: "vmi-uid"}
 	vmb := &kubevirtbackup.VMBackup{ObjectMeta: meta, Status: status,
 		Spec: kubevirtbackup.VMBackupSpec{Source: corev1.TypedLocalObjectReference{Kind: kubevirtbackup.VMBackupTrackerGVK.Kind, Name: trackerName("db")}}}
 	u, err := kubevirtbackup.ToUnstructured(vmb, kubevirtbackup.VMBackupGVK)
@@ -472,8 +472,13 @@ var _ = Describe("the DataUpload state machine", func() {
 			removes: []client.Object{&kubevirtv1.VirtualMachineInstance{ObjectMeta: inProd("db")}},
 			phase:   "Failed", message: "^VirtualMachine prod/db stopped before its VirtualMachineBackup prod/kubevirt-backup-nightly-db ended$",
 			event: "Warning Failed", ends: "Failed", cleaned: true}),
+		Entry("Accepted: the VM running again as another instance fails it", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs: []client.Object{vmBackup(nil), &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod", UID: "vmi-2"},
+				Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Running}}},
+			phase: "Failed", message: `^VirtualMachine prod/db stopped before its VirtualMachineBackup prod/kubevirt-backup-nightly-db ended: it runs again as another instance$`,
+			event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Accepted: the VM's instance failing before KubeVirt began fails it", newUpload(velerov2.DataUploadPhaseAccepted), step{
-			objs: []client.Object{vmBackup(nil), &kubevirtv1.VirtualMachineInstance{ObjectMeta: inProd("db"),
+			objs: []client.Object{vmBackup(nil), &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "prod", UID: "vmi-uid"},
 				Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Failed}}},
 			phase: "Failed", message: `^VirtualMachine prod/db stopped before its VirtualMachineBackup prod/kubevirt-backup-nightly-db ended: its instance is in phase "Failed"$`,
 			event: "Warning Failed", ends: "Failed", cleaned: true}),
@@ -484,6 +489,13 @@ var _ = Describe("the DataUpload state machine", func() {
 		Entry("Accepted: KubeVirt failed", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs:  append(uploadTemporaries()[:1], vmBackup(vmBackupIs(kubevirtbackup.ConditionFailed, "domain not running", ""))),
 			phase: "Failed", message: "^VirtualMachineBackup prod/kubevirt-backup-nightly-db failed: domain not running$",
+			event: "Warning Failed", ends: "Failed", cleaned: true}),
+		Entry("Accepted: KubeVirt filling the backup's volume says which and what to do", newUpload(velerov2.DataUploadPhaseAccepted), step{
+			objs: append(uploadTemporaries()[:1], vmBackup(vmBackupIs(kubevirtbackup.ConditionFailed, "No space left on device", "")),
+				&corev1.PersistentVolumeClaim{ObjectMeta: inProd(uploadChild),
+					Status: corev1.PersistentVolumeClaimStatus{Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("48Mi")}}}),
+			phase: "Failed", message: `^VirtualMachineBackup prod/kubevirt-backup-nightly-db failed: No space left on device: the backup's volume ` +
+				`\(claim prod/kubevirt-backup-nightly-db, 48Mi\) is too small; set annotation kubevirt-datamover.io/backup-pvc-size on VirtualMachine prod/db to a larger size$`,
 			event: "Warning Failed", ends: "Failed", cleaned: true}),
 		Entry("Accepted: a location not in the cache yet is read from the API server", newUpload(velerov2.DataUploadPhaseAccepted), step{
 			objs: []client.Object{vmBackup(vmBackupIs(kubevirtbackup.ConditionComplete, "", "cp-1"))}, unseen: []client.Object{&velerov1.BackupStorageLocation{}},

@@ -119,6 +119,7 @@ var _ = Describe("deploy/datamover", Ordered, func() {
 		Entry("move volumes between claims", "", "", "persistentvolumes", "get", "list", "patch"),
 		Entry("read the VM, restart it once restored", vmNamespace, "kubevirt.io", "virtualmachines", "get", "patch"),
 		Entry("see whether the VM still runs", vmNamespace, "kubevirt.io", "virtualmachineinstances", "get"),
+		Entry("watch VirtualMachineInstances in every namespace", "", "kubevirt.io", "virtualmachineinstances", "list", "watch"),
 		Entry("run VirtualMachineBackups", vmNamespace, "backup.kubevirt.io", "virtualmachinebackups", "get", "list", "watch", "create", "delete"),
 		Entry("keep the trackers", vmNamespace, "backup.kubevirt.io", "virtualmachinebackuptrackers", "get", "create", "delete"),
 		Entry("watch VirtualMachineBackups in every namespace", "", "backup.kubevirt.io", "virtualmachinebackups", "list", "watch"),
