@@ -291,13 +291,15 @@ spec:
 
 // veleroVM is a VM in namespace ns booting the Linux test guest from a raw disk
 // on a claim of veleroClass, as KubeVirt keeps a disk on a claim
-// (disk.img); it returns the image's path on this machine.
-func veleroVM(ctx context.Context, ns, vm string) string {
+// (disk.img), with spare bytes after the guest's own, which it never
+// touches; it returns the image's path on this machine.
+func veleroVM(ctx context.Context, ns, vm string, spare int64) string {
 	name := "velero-" + vm + "-disk"
 	dir := filepath.Join(volumesDir, name)
 	Expect(os.RemoveAll(dir)).To(Succeed())
 	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
 	image := copyLinuxGuest(ctx, filepath.Join(dir, "disk.img"))
+	Expect(os.Truncate(image, fileSize(image)+spare)).To(Succeed())
 	size := 2 * fileSize(image)
 	Expect(os.Chown(dir, 107, 107)).To(Succeed())
 	Expect(os.Chown(image, 107, 107)).To(Succeed())
@@ -449,8 +451,8 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 				Error().ToNot(HaveOccurred())
 		})
 		// Two backups, two restores, the state of the VM and of its two
-		// restores, and a spare.
-		veleroStorage(ctx, 8, 1<<30)
+		// restores, the nine backups of the faults, and a spare.
+		veleroStorage(ctx, 17, 1<<30)
 		reference = filepath.Join(GinkgoT().TempDir(), "disk-at-backup.img")
 	})
 
@@ -471,7 +473,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 	}, SpecTimeout(10*time.Minute))
 
 	It("backs up a running VM with its DataUpload, full then incremental", func(ctx SpecContext) {
-		image = veleroVM(ctx, vmNamespace, vm)
+		image = veleroVM(ctx, vmNamespace, vm, 0)
 		Eventually(vmiStatus).WithContext(ctx).WithArguments(vmNamespace, vm).WithTimeout(startTimeout).
 			WithPolling(2 * time.Second).Should(Equal("Running True"))
 		Eventually(cbtState).WithContext(ctx).WithArguments(vmNamespace, vm).WithTimeout(time.Minute).Should(Equal("Enabled"))
@@ -497,10 +499,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 		By("the guest's disk changing through QEMU, then an incremental backup")
 		// Between the MBR and the partition, where the guest's file system
 		// does not reach.
-		l := launcher{namespace: vmNamespace, domain: vmNamespace + "_" + vm}
-		l.pod, err = kubectl(ctx, "-n", vmNamespace, "get", "pods", "-l", "vm.kubevirt.io/name="+vm,
-			"--field-selector=status.phase=Running", "-o", "jsonpath={.items[0].metadata.name}")
-		Expect(err).ToNot(HaveOccurred())
+		l := launcher{namespace: vmNamespace, pod: launcherPodIn(ctx, vmNamespace, vm), domain: vmNamespace + "_" + vm}
 		Expect(l.virsh(ctx, "qemu-monitor-command", l.domain, "--hmp", `qemu-io -d ua-rootdisk/virtio-backend "write -P 0x5a 512k 256k"`)).
 			To(BeEmpty())
 		start = time.Now()
@@ -649,6 +648,8 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 			"the datamover's objects left")
 		v.expectAvailable(ctx, time.Now())
 	}, SpecTimeout(10*time.Minute))
+
+	faultBackups(func() *veleroSetup { return v }, vmNamespace, vm)
 })
 
 func backupNames(backups []catalog.BackupManifest) []string {

@@ -125,8 +125,11 @@ func waitVMIReady(ctx context.Context, name string) {
 }
 
 // launcherPod is the name of the VM's running virt-launcher pod.
-func launcherPod(ctx context.Context, vm string) string {
-	out, err := kubectl(ctx, "-n", namespace, "get", "pods", "-l", "vm.kubevirt.io/name="+vm,
+func launcherPod(ctx context.Context, vm string) string { return launcherPodIn(ctx, namespace, vm) }
+
+// launcherPodIn is the running virt-launcher pod of VM vm in namespace ns.
+func launcherPodIn(ctx context.Context, ns, vm string) string {
+	out, err := kubectl(ctx, "-n", ns, "get", "pods", "-l", "vm.kubevirt.io/name="+vm,
 		"--field-selector=status.phase=Running", "-o", "jsonpath={.items[*].metadata.name}")
 	Expect(err).ToNot(HaveOccurred())
 	pods := strings.Fields(out)

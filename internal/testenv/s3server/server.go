@@ -59,6 +59,7 @@ type Server struct {
 	// server's certificate when it serves HTTPS (StartTLS); no system
 	// trusts it.
 	CACert []byte
+	addr   string
 	cmd    *exec.Cmd
 	// done is closed when the process has exited.
 	done chan struct{}
@@ -127,7 +128,6 @@ func start(ctx context.Context, binary, dir, ip string, useTLS bool, posixArgs .
 		SecretKey: "backuptest-secret",
 		Root:      filepath.Join(dir, "buckets"),
 		Log:       filepath.Join(dir, "versitygw.log"),
-		done:      make(chan struct{}),
 	}
 	if err := os.MkdirAll(s.Root, 0o755); err != nil {
 		return nil, fmt.Errorf("s3 server: %w", err)
@@ -146,18 +146,54 @@ func start(ctx context.Context, binary, dir, ip string, useTLS bool, posixArgs .
 		args = append(args, "--cert", cert, "--key", key)
 	}
 	args = append(append(args, "posix"), posixArgs...)
+	s.addr = net.JoinHostPort(ip, strconv.Itoa(port))
 	s.cmd = exec.Command(binary, append(args, s.Root)...)
 	s.cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY_ID="+s.AccessKey, "ROOT_SECRET_ACCESS_KEY="+s.SecretKey)
-	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
-	if err := s.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("s3 server: start %s: %w", binary, err)
-	}
-	go func() { _ = s.cmd.Wait(); close(s.done) }()
-	if err := s.waitReady(ctx, net.JoinHostPort(ip, strconv.Itoa(port))); err != nil {
-		_ = s.Stop()
+	if err := s.run(ctx, logFile); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// run starts s.cmd, its output to logFile, and waits until it listens.
+func (s *Server) run(ctx context.Context, logFile *os.File) error {
+	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
+	s.done = make(chan struct{})
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("s3 server: start %s: %w", s.cmd.Path, err)
+	}
+	done := s.done
+	go func() { _ = s.cmd.Wait(); close(done) }()
+	if err := s.waitReady(ctx, s.addr); err != nil {
+		_ = s.Stop()
+		return err
+	}
+	return nil
+}
+
+// Kill ends the server at once, as a crash does: requests in flight are
+// cut off.
+func (s *Server) Kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+// Restart starts a stopped server again on its address and data.
+func (s *Server) Restart(ctx context.Context) error {
+	select {
+	case <-s.done:
+	default:
+		return fmt.Errorf("s3 server on %s still runs", s.addr)
+	}
+	logFile, err := os.OpenFile(s.Log, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("s3 server: %w", err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(s.cmd.Path, s.cmd.Args[1:]...)
+	cmd.Env = s.cmd.Env
+	s.cmd = cmd
+	return s.run(ctx, logFile)
 }
 
 func (s *Server) waitReady(ctx context.Context, addr string) error {
