@@ -26,7 +26,8 @@
 #                                           CLI), /velero-helper and
 #                                           /velero-restore-helper where
 #                                           Velero's image has them, this
-#                                           machine's CA bundle, a /tmp;
+#                                           machine's CA bundle, a /tmp,
+#                                           a home for kopia's files;
 #                                           user 65532 (`velero install`
 #                                           runs the node-agent as root)
 #   OUT/images/velero-plugin-for-aws[.tar]  the plugin under /plugins and
@@ -64,18 +65,19 @@ main() {
 	(cd "${QCOW2_ROOT}" && go build -trimpath -o "${out}/bin/oci-image" ./cmd/oci-image)
 
 	# Velero writes temporary files (a backup's tarball before upload)
-	# to the default temporary directory.
+	# to the default temporary directory, and kopia the configuration of
+	# the file-system backups' repositories under its user's home.
 	TREE=$(mktemp -d)
 	trap 'rm -rf "${TREE}"' EXIT
-	mkdir -m 1777 "${TREE}/tmp"
-	chmod 1777 "${TREE}/tmp"
+	mkdir -p "${TREE}/tmp" "${TREE}/home/velero"
+	chmod 1777 "${TREE}/tmp" "${TREE}/home/velero"
 	"${out}/bin/oci-image" --out "${out}/images/velero" --archive "${out}/images/velero.tar" \
 		--ref "${registry}/velero:${velero_version}" --tree "${TREE}" \
 		--file "${bin}/velero:/velero:0755" \
 		--file "${bin}/velero-helper:/velero-helper:0755" \
 		--file "${bin}/velero-restore-helper:/velero-restore-helper:0755" \
 		--file "${CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:0644" \
-		--entrypoint /velero --user 65532
+		--entrypoint /velero --user 65532 --env HOME=/home/velero
 	"${out}/bin/oci-image" --out "${out}/images/velero-plugin-for-aws" \
 		--archive "${out}/images/velero-plugin-for-aws.tar" \
 		--ref "${registry}/velero-plugin-for-aws:${aws_version}" \
