@@ -171,9 +171,11 @@ bench-hotplug: $(BIN)/container-disk
 	FUNCTIONAL_VIRT_TYPE=$(FUNCTIONAL_VIRT_TYPE) $(GO) test -tags bench -count=1 -timeout 40m -v ./tests/hotplug/bench
 
 # On the one-node cluster (started if none runs, stopped afterwards): time
-# from creating a VM to the guest's first serial line, overlay against a
-# plain disk and against copy-then-start.
-bench-e2e: images
+# from creating a VM to the guest's first serial line and to its first
+# writes, overlay against a plain disk and against copy-then-start; image
+# hotplug against claim hotplug; a VM's backup by the kubevirt data mover
+# against Velero's file-system backup, full then incremental.
+bench-e2e: images images-velero
 	$(GO) test -tags bench -count=1 -timeout 70m -v ./tests/e2e -ginkgo.label-filter=bench
 
 bench-hooks:

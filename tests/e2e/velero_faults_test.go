@@ -107,7 +107,7 @@ func backupFaults(setup func() *veleroSetup, ns, vm string) {
 	BeforeAll(func(ctx SpecContext) {
 		v = setup()
 		if out, _ := kubectl(ctx, "-n", ns, "get", "vm", vm, "--ignore-not-found", "-o", "name"); out == "" {
-			veleroVM(ctx, ns, vm, 0)
+			veleroVM(ctx, ns, vm, nil)
 		}
 		Eventually(vmiStatus).WithContext(ctx).WithArguments(ns, vm).WithTimeout(startTimeout).
 			WithPolling(2 * time.Second).Should(Equal("Running True"))

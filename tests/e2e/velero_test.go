@@ -291,15 +291,17 @@ spec:
 
 // veleroVM is a VM in namespace ns booting the Linux test guest from a raw disk
 // on a claim of veleroClass, as KubeVirt keeps a disk on a claim
-// (disk.img), with spare bytes after the guest's own, which it never
-// touches; it returns the image's path on this machine.
-func veleroVM(ctx context.Context, ns, vm string, spare int64) string {
-	name := "velero-" + vm + "-disk"
+// (disk.img), which grow, when given, may extend beyond the guest's own
+// bytes first; it returns the image's path on this machine.
+func veleroVM(ctx context.Context, ns, vm string, grow func(image string)) string {
+	name := "velero-" + ns + "-" + vm + "-disk"
 	dir := filepath.Join(volumesDir, name)
 	Expect(os.RemoveAll(dir)).To(Succeed())
 	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
 	image := copyLinuxGuest(ctx, filepath.Join(dir, "disk.img"))
-	Expect(os.Truncate(image, fileSize(image)+spare)).To(Succeed())
+	if grow != nil {
+		grow(image)
+	}
 	size := 2 * fileSize(image)
 	Expect(os.Chown(dir, 107, 107)).To(Succeed())
 	Expect(os.Chown(image, 107, 107)).To(Succeed())
@@ -473,7 +475,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 	}, SpecTimeout(10*time.Minute))
 
 	It("backs up a running VM with its DataUpload, full then incremental", func(ctx SpecContext) {
-		image = veleroVM(ctx, vmNamespace, vm, 0)
+		image = veleroVM(ctx, vmNamespace, vm, nil)
 		Eventually(vmiStatus).WithContext(ctx).WithArguments(vmNamespace, vm).WithTimeout(startTimeout).
 			WithPolling(2 * time.Second).Should(Equal("Running True"))
 		Eventually(cbtState).WithContext(ctx).WithArguments(vmNamespace, vm).WithTimeout(time.Minute).Should(Equal("Enabled"))
