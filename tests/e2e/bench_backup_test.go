@@ -26,6 +26,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -64,7 +65,7 @@ var _ = Describe("backup of a running VM's disk", Label("bench", veleroLabel, li
 		v = installVelero(ctx)
 		// Per disk: two backups by the data mover and the VM's state; and
 		// a spare.
-		veleroStorage(ctx, 7, 8<<30)
+		veleroStorage(ctx, slices.Repeat([]int64{8 << 30}, 7)...)
 	})
 
 	DescribeTable("compares the kubevirt data mover with Velero's file-system backup, full then incremental",

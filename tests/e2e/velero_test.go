@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -242,9 +243,10 @@ func (v *veleroSetup) expectPhase(ctx context.Context, kind, name string) {
 // the class as they come.
 const veleroClass = "velero-e2e-local"
 
-// veleroStorage makes the class and n empty static volumes of it, writable
-// by the pods' user (107), each of capacity bytes.
-func veleroStorage(ctx context.Context, n int, capacity int64) {
+// veleroStorage makes the class and an empty static volume of it of each of
+// capacities, writable by the pods' user (107). The PV controller binds a
+// claim to the smallest volume that fits.
+func veleroStorage(ctx context.Context, capacities ...int64) {
 	Expect(apply(ctx, fmt.Sprintf(`
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -253,7 +255,7 @@ provisioner: kubernetes.io/no-provisioner
 volumeBindingMode: Immediate
 reclaimPolicy: Retain
 `, veleroClass))).To(Succeed())
-	for i := range n {
+	for i, capacity := range capacities {
 		name := fmt.Sprintf("velero-pool-%d", i)
 		dir := filepath.Join(volumesDir, name)
 		Expect(os.RemoveAll(dir)).To(Succeed())
@@ -453,8 +455,10 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 				Error().ToNot(HaveOccurred())
 		})
 		// Two backups, two restores, the state of the VM and of its two
-		// restores, the nine backups of the faults, and a spare.
-		veleroStorage(ctx, 17, 1<<30)
+		// restores, and a spare; then the backups of the faults, of the
+		// restored VM's claim, which is as large as the volume it was
+		// restored to.
+		veleroStorage(ctx, append(slices.Repeat([]int64{1 << 30}, 8), slices.Repeat([]int64{4 << 30}, 9)...)...)
 		reference = filepath.Join(GinkgoT().TempDir(), "disk-at-backup.img")
 	})
 
