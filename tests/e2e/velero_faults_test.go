@@ -112,7 +112,7 @@ func backupFaults(setup func() *veleroSetup, ns, vm string) {
 		Eventually(vmiStatus).WithContext(ctx).WithArguments(ns, vm).WithTimeout(startTimeout).
 			WithPolling(2 * time.Second).Should(Equal("Running True"))
 		next(ctx, "fault-base", fullBackup)
-	})
+	}, NodeTimeout(10*time.Minute))
 
 	It("fails a backup whose volume is too small, saying which, and the next is incremental", func(ctx SpecContext) {
 		// A claim of 48Mi binds to the smallest volume that fits: a 64 MiB
