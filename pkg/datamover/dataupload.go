@@ -213,45 +213,35 @@ func (r *DataUploadReconciler) siblings(ctx context.Context, o client.Object) []
 	if err != nil {
 		return nil
 	}
-	list := &velerov2.DataUploadList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(du.Namespace), client.MatchingFields{indexVM: vm.String()}); err != nil {
-		return nil
-	}
-	var reqs []reconcile.Request
-	for _, s := range list.Items {
-		if s.Name != du.Name && !uploadDone(s.Status.Phase) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: nn(s.Namespace, s.Name)})
-		}
-	}
-	return reqs
+	return r.liveUploads(ctx, func(s *velerov2.DataUpload) bool { return s.Name != du.Name },
+		client.InNamespace(du.Namespace), client.MatchingFields{indexVM: vm.String()})
 }
 
 // uploadsOfInstance wakes the live DataUploads of a VM when its instance
 // changes: one that stops fails the backup at once.
 func (r *DataUploadReconciler) uploadsOfInstance(ctx context.Context, o client.Object) []reconcile.Request {
-	list := &velerov2.DataUploadList{}
 	vm := catalog.VM{Namespace: o.GetNamespace(), Name: o.GetName()}
-	if err := r.Client.List(ctx, list, client.MatchingFields{indexVM: vm.String()}); err != nil {
-		return nil
-	}
-	var reqs []reconcile.Request
-	for _, du := range list.Items {
-		if !uploadDone(du.Status.Phase) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: nn(du.Namespace, du.Name)})
-		}
-	}
-	return reqs
+	return r.liveUploads(ctx, func(*velerov2.DataUpload) bool { return true }, client.MatchingFields{indexVM: vm.String()})
 }
 
 // usersOfLocation wakes the live DataUploads of a location when it changes.
 func (r *DataUploadReconciler) usersOfLocation(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.liveUploads(ctx, func(du *velerov2.DataUpload) bool {
+		return du.Spec.DataMover == DataMover && du.Spec.BackupStorageLocation == o.GetName()
+	}, client.InNamespace(o.GetNamespace()))
+}
+
+// liveUploads are the requests of the DataUploads listed with opts that
+// have not ended and that wake selects.
+func (r *DataUploadReconciler) liveUploads(ctx context.Context, wake func(*velerov2.DataUpload) bool, opts ...client.ListOption) []reconcile.Request {
 	list := &velerov2.DataUploadList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
+	if err := r.Client.List(ctx, list, opts...); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request
-	for _, du := range list.Items {
-		if du.Spec.DataMover == DataMover && du.Spec.BackupStorageLocation == o.GetName() && !uploadDone(du.Status.Phase) {
+	for i := range list.Items {
+		du := &list.Items[i]
+		if !uploadDone(du.Status.Phase) && wake(du) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: nn(du.Namespace, du.Name)})
 		}
 	}

@@ -21,6 +21,7 @@ package datamover
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -110,7 +111,7 @@ func newStepper(s step, owner client.Object) *stepper {
 	var objs []client.Object
 	for _, o := range world() {
 		replaced := false
-		for _, n := range append(s.objs, s.removes...) {
+		for _, n := range slices.Concat(s.objs, s.removes) {
 			replaced = replaced || sameKind(o, n) && client.ObjectKeyFromObject(o) == client.ObjectKeyFromObject(n)
 		}
 		if !replaced {
