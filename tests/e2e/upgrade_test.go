@@ -59,8 +59,9 @@ var imageValue = regexp.MustCompile(`(image|value): \S+/(virt-[a-z]+):\S+`)
 
 // deployKubeVirt copies deploy/kubevirt into a directory of the spec and
 // fills it in as docs/install.md tells an administrator to: the images
-// where they were pushed, the cluster's own gates in both gate lists.
-func deployKubeVirt() string {
+// where they were pushed, the cluster's own gates, if any, in both gate
+// lists.
+func deployKubeVirt(clusterGates ...string) string {
 	dir := copyDeploy("kubevirt")
 	edit := func(name string, change func(string) string) { editFile(filepath.Join(dir, name), change) }
 	edit("virt-operator.yaml", func(s string) string {
@@ -69,11 +70,14 @@ func deployKubeVirt() string {
 			return m[1] + ": " + patchedImage(m[2])
 		})
 	})
+	if len(clusterGates) == 0 {
+		return dir
+	}
 	edit("kubevirt.yaml", func(s string) string {
-		return strings.Replace(s, "featureGates:\n", "featureGates:\n      - "+userGate+"\n", 1)
+		return strings.Replace(s, "featureGates:\n", "featureGates:\n      - "+strings.Join(clusterGates, "\n      - ")+"\n", 1)
 	})
 	edit("rollback/release.yaml", func(s string) string {
-		return strings.Replace(s, "featureGates: []", "featureGates: ["+userGate+"]", 1)
+		return strings.Replace(s, "featureGates: []", "featureGates: ["+strings.Join(clusterGates, ", ")+"]", 1)
 	})
 	return dir
 }
@@ -167,7 +171,7 @@ var _ = Describe("upgrade from stock KubeVirt and rollback", Ordered, Label(upgr
 		var err error
 		goldenSHA, err = testenv.SHA256(golden)
 		Expect(err).ToNot(HaveOccurred())
-		deploy = deployKubeVirt()
+		deploy = deployKubeVirt(userGate)
 
 		// A VM of the stock release, on a disk of its own.
 		linuxDiskClaim(ctx, plain, 2*fileSize(golden))

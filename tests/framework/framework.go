@@ -54,7 +54,8 @@ func RunSuite(t *testing.T, description string) {
 
 // At its end every suite prints each spec it ran with its state, time and
 // labels, so that a CI log says which spec took how long, whatever the
-// verbosity, and which guest or infrastructure it used.
+// verbosity, and which guest or infrastructure it used; then why each
+// failed spec failed.
 var _ = ginkgo.ReportAfterSuite("spec times", func(r ginkgo.Report) {
 	fmt.Printf("\n%s: spec times\n", r.SuiteDescription)
 	for _, spec := range r.SpecReports {
@@ -68,7 +69,24 @@ var _ = ginkgo.ReportAfterSuite("spec times", func(r ginkgo.Report) {
 		}
 		fmt.Printf("%7.1f s  %-8s %s%s\n", spec.RunTime.Seconds(), spec.State, spec.FullText(), labels)
 	}
+	// Last, one line for each failure: a CI log kept only by its tail
+	// still says why.
+	for _, spec := range r.SpecReports {
+		if spec.Failed() {
+			fmt.Printf("why %q failed: %s\n", spec.FullText(), oneLine(spec.Failure.Message, 300, 700))
+		}
+	}
 })
+
+// oneLine folds a message into one line, keeping its first head and last
+// tail characters when it is longer.
+func oneLine(message string, head, tail int) string {
+	s := []rune(strings.Join(strings.Fields(message), " "))
+	if len(s) <= head+tail {
+		return string(s)
+	}
+	return string(s[:head]) + " … " + string(s[len(s)-tail:])
+}
 
 // InCI reports whether the run is CI's, where nothing may be skipped.
 func InCI() bool {
