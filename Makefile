@@ -129,12 +129,14 @@ images-velero:
 # The end-to-end suite on a fresh one-node cluster with the patched
 # KubeVirt (docs/testing.md), stopped afterwards; artifacts of failed specs
 # in _out/e2e-artifacts. A cluster `make cluster` started is replaced. The
-# upgrade specs start from stock KubeVirt: run apart, on a node of their
-# own, so that each run installs one KubeVirt.
+# upgrade specs start from stock KubeVirt, the two-node specs on a second
+# node: each runs apart, on nodes of its own, so that each run starts one
+# cluster.
 e2e: images images-stock images-velero
 	hack/cluster.sh down
-	$(GO) test -count=1 -timeout 75m -v ./tests/e2e -ginkgo.label-filter='!upgrade'
+	$(GO) test -count=1 -timeout 75m -v ./tests/e2e -ginkgo.label-filter='!upgrade && !two-nodes'
 	$(GO) test -count=1 -timeout 40m -v ./tests/e2e -ginkgo.label-filter=upgrade
+	$(GO) test -count=1 -timeout 30m -v ./tests/e2e -ginkgo.label-filter=two-nodes
 
 # The e2e specs of a real Velero alone.
 e2e-velero: images images-velero
@@ -190,9 +192,11 @@ demo:
 
 .PHONY: cluster cluster-down
 # A one-node Kubernetes with the patched KubeVirt on this machine
-# (docs/testing.md): needs root and `make` first.
+# (docs/testing.md): needs root and `make` first. NODES=2 adds a worker
+# node, for live migration.
+NODES ?= 1
 cluster: images
-	hack/cluster.sh up
+	CLUSTER_NODES=$(NODES) hack/cluster.sh up
 	hack/cluster.sh kubevirt
 
 cluster-down:

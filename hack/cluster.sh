@@ -21,13 +21,15 @@
 # trying the patched KubeVirt by hand (docs/testing.md):
 #
 #   hack/cluster.sh up        start it (again: harmless; after a killed run: cleans first)
+#                             CLUSTER_NODES=2 (or more): worker nodes beside it
 #   hack/cluster.sh down      stop it and remove every process, mount, cgroup, loop device and veth
 #   hack/cluster.sh status    say whether it runs and where its kubeconfig and logs are
 #   hack/cluster.sh kubevirt  install the patched KubeVirt (make images first) and wait for it
 #   hack/cluster.sh kubevirt-stock  install stock KubeVirt instead (make images-stock first)
 #   hack/cluster.sh kubectl ARGS...
 #   hack/cluster.sh import ARCHIVE...   import docker archives into the node's containerd
-#   hack/cluster.sh exec CMD...         run a command inside the node's namespaces
+#   hack/cluster.sh exec [--node NAME] CMD...
+#                             run a command inside a node's namespaces (the first's by default)
 #
 # The node runs in namespaces of its own (PID, mount, network, UTS) with
 # hack/nodeinit as PID 1. Inside, /run is a tmpfs, /var/lib an overlay whose
@@ -35,27 +37,31 @@
 # kubelet writes are files of ours, so the host's kubelet, containerd and
 # CNI directories, sysctls and iptables are never touched. A veth pair joins
 # the node's network namespace to the host's; the host end is the node's
-# default gateway and how the host reaches the API server.
+# default gateway and how the host reaches the API server. Worker nodes
+# are the same without the control plane; each has an eth0 on a bridge in
+# the first node's network namespace, which routes between the nodes' pod
+# networks and masquerades what they send to the host: the host sees no
+# new route and forwards nothing.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 readonly CLUSTER_DIR=${CLUSTER_DIR:-${QCOW2_ROOT}/_out/cluster}
-readonly NODE_NAME=kubevirt-qcow2-node
-readonly NODE_IP=${CLUSTER_NODE_IP:-10.99.0.1}
+readonly FIRST_NODE=kubevirt-qcow2-node
+readonly FIRST_NODE_IP=${CLUSTER_NODE_IP:-10.99.0.1}
 readonly HOST_IP=${CLUSTER_HOST_IP:-10.99.0.254}
 readonly HOST_VETH=kvq-node0
-readonly POD_CIDR=10.244.0.0/24
+# The nodes' bridge in the first node: it is .1, worker i is .(i+1).
+readonly NODES_BRIDGE=kvq-nodes
+readonly NODES_NET=10.99.1
+# Node i's pods are in 10.244.i.0/24.
+readonly CLUSTER_CIDR=10.244.0.0/16
 readonly SERVICE_CIDR=10.96.0.0/16
 readonly KUBERNETES_SERVICE_IP=10.96.0.1
-readonly CGROUP_NAME=kubevirt-qcow2-node
 readonly NODE_PACKAGES=${QCOW2_CACHE}/node
 readonly ETCD=${QCOW2_CACHE}/etcd/usr/bin/etcd
 readonly PKI=${CLUSTER_DIR}/pki
-readonly ETC=${CLUSTER_DIR}/etc
-readonly LOGS=${CLUSTER_DIR}/logs
-readonly PIDFILE=${CLUSTER_DIR}/node.pid
 readonly KUBECONFIG_FILE=${CLUSTER_DIR}/kubeconfig
 readonly PAUSE_IMAGE=kubevirt-qcow2/pause:dev
 # How long `up` waits for the API server and for the node to be Ready.
@@ -67,13 +73,55 @@ usage() {
 	exit 2
 }
 
+# node_vars sets the names and places of node i (0 is the first): its own
+# directory under the first's, which keeps the paths of the one-node days.
+node_vars() {
+	local i=$1
+	NODE_INDEX=${i}
+	if ((i == 0)); then
+		NODE_NAME=${FIRST_NODE}
+		NODE_DIR=${CLUSTER_DIR}
+		NODE_IP=${FIRST_NODE_IP}
+	else
+		NODE_NAME=${FIRST_NODE}$((i + 1))
+		NODE_DIR=${CLUSTER_DIR}/nodes/${NODE_NAME}
+		NODE_IP=${NODES_NET}.$((i + 1))
+	fi
+	CGROUP_NAME=${NODE_NAME}
+	POD_CIDR=10.244.${i}.0/24
+	ETC=${NODE_DIR}/etc
+	LOGS=${NODE_DIR}/logs
+	PIDFILE=${NODE_DIR}/node.pid
+}
+
+# The indexes of the nodes a cluster has had, running or not.
+known_nodes() {
+	local dir
+	echo 0
+	for dir in "${CLUSTER_DIR}"/nodes/"${FIRST_NODE}"*/; do
+		[[ -d ${dir} ]] || continue
+		dir=${dir%/}
+		echo $((${dir##*/"${FIRST_NODE}"} - 1))
+	done
+}
+
+# The indexes of the running nodes.
+running_nodes() {
+	local i
+	for i in $(known_nodes); do
+		node_vars "${i}"
+		[[ -z $(node_pid) ]] || echo "${i}"
+	done
+	node_vars 0
+}
+
 kubernetes_bin() {
 	local dir
 	dir=$("${QCOW2_ROOT}/hack/kubernetes.sh")
 	echo "${dir}"
 }
 
-# The host PID of nodeinit, empty when no node runs.
+# The host PID of the node's nodeinit, empty when it does not run.
 node_pid() {
 	local pid
 	[[ -f ${PIDFILE} ]] || return 0
@@ -114,13 +162,17 @@ ca() {
 		-keyout "${PKI}/$1.key" -out "${PKI}/$1.crt" 2>/dev/null
 }
 
+# write_pki makes the certificates and the tokens, and each of nodes
+# nodes' kubeconfigs: the first node's components reach the API server on
+# 127.0.0.1, the workers' at the first node's address.
 write_pki() {
+	local nodes=$1
 	rm -rf "${PKI}"
 	mkdir -p "${PKI}"
 	ca ca kubevirt-qcow2-node-ca
 	ca front-proxy-ca kubevirt-qcow2-front-proxy-ca
 	cert apiserver "/CN=kube-apiserver" ca \
-		"subjectAltName=IP:127.0.0.1,IP:${NODE_IP},IP:${KUBERNETES_SERVICE_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+		"subjectAltName=IP:127.0.0.1,IP:${FIRST_NODE_IP},IP:${KUBERNETES_SERVICE_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
 extendedKeyUsage=serverAuth"
 	cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" ca "extendedKeyUsage=clientAuth"
 	cert front-proxy-client "/CN=front-proxy-client" front-proxy-ca "extendedKeyUsage=clientAuth"
@@ -128,14 +180,21 @@ extendedKeyUsage=serverAuth"
 	openssl rsa -in "${PKI}/sa.key" -pubout -out "${PKI}/sa.pub" 2>/dev/null
 	# Static tokens: the node is private to this machine, and tokens need
 	# no signing round trip per component.
-	local admin kubelet
+	local admin kubelet server i
 	admin=$(openssl rand -hex 16)
-	kubelet=$(openssl rand -hex 16)
-	printf '%s,admin,admin,"system:masters"\n%s,system:node:%s,kubelet,"system:nodes"\n' \
-		"${admin}" "${kubelet}" "${NODE_NAME}" >"${PKI}/tokens.csv"
-	kubeconfig "${KUBECONFIG_FILE}" "https://${NODE_IP}:6443" "${admin}"
-	kubeconfig "${ETC}/admin.kubeconfig" "https://127.0.0.1:6443" "${admin}"
-	kubeconfig "${ETC}/kubelet.kubeconfig" "https://127.0.0.1:6443" "${kubelet}"
+	printf '%s,admin,admin,"system:masters"\n' "${admin}" >"${PKI}/tokens.csv"
+	kubeconfig "${KUBECONFIG_FILE}" "https://${FIRST_NODE_IP}:6443" "${admin}"
+	for ((i = 0; i < nodes; i++)); do
+		node_vars "${i}"
+		kubelet=$(openssl rand -hex 16)
+		printf '%s,system:node:%s,kubelet-%s,"system:nodes"\n' "${kubelet}" "${NODE_NAME}" "${i}" >>"${PKI}/tokens.csv"
+		server=https://127.0.0.1:6443
+		((i == 0)) || server=https://${FIRST_NODE_IP}:6443
+		mkdir -p "${ETC}"
+		kubeconfig "${ETC}/admin.kubeconfig" "${server}" "${admin}"
+		kubeconfig "${ETC}/kubelet.kubeconfig" "${server}" "${kubelet}"
+	done
+	node_vars 0
 }
 
 kubeconfig() {
@@ -144,7 +203,7 @@ kubeconfig() {
 apiVersion: v1
 kind: Config
 clusters:
-- name: ${NODE_NAME}
+- name: ${FIRST_NODE}
   cluster:
     server: ${server}
     certificate-authority-data: $(base64 -w0 "${PKI}/ca.crt")
@@ -153,9 +212,9 @@ users:
   user:
     token: ${token}
 contexts:
-- name: ${NODE_NAME}
-  context: {cluster: ${NODE_NAME}, user: admin}
-current-context: ${NODE_NAME}
+- name: ${FIRST_NODE}
+  context: {cluster: ${FIRST_NODE}, user: admin}
+current-context: ${FIRST_NODE}
 EOF
 	chmod 0600 "${file}"
 }
@@ -164,7 +223,7 @@ write_config() {
 	mkdir -p "${ETC}/cni" "${LOGS}"
 	cat >"${ETC}/containerd.toml" <<EOF
 version = 2
-root = "${CLUSTER_DIR}/containerd"
+root = "${NODE_DIR}/containerd"
 state = "/run/containerd"
 [grpc]
   address = "/run/containerd/containerd.sock"
@@ -190,7 +249,7 @@ EOF
   "cniVersion": "0.4.0",
   "name": "pods",
   "plugins": [
-    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "hairpinMode": true,
      "ipam": {"type": "host-local", "ranges": [[{"subnet": "${POD_CIDR}"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
@@ -222,7 +281,7 @@ kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: ${ETC}/admin.kubeconfig}
 hostnameOverride: ${NODE_NAME}
 mode: iptables
-clusterCIDR: ${POD_CIDR}
+clusterCIDR: ${CLUSTER_CIDR}
 # Pods on one bridge reach each other's services: without br_netfilter the
 # reply would bypass the DNAT.
 iptables: {masqueradeAll: true}
@@ -268,16 +327,16 @@ node_mounts() {
 	mount -t tmpfs -o mode=0755 tmpfs /run
 	# /var/run is a link to /run on Debian; the names KubeVirt uses resolve.
 	mkdir -p /run/containerd /run/lock
-	mkdir -p "${CLUSTER_DIR}/varlib/upper" "${CLUSTER_DIR}/varlib/work" "${CLUSTER_DIR}/varlog"
+	mkdir -p "${NODE_DIR}/varlib/upper" "${NODE_DIR}/varlib/work" "${NODE_DIR}/varlog"
 	mount -t overlay overlay \
-		-o "lowerdir=/var/lib,upperdir=${CLUSTER_DIR}/varlib/upper,workdir=${CLUSTER_DIR}/varlib/work" /var/lib
+		-o "lowerdir=/var/lib,upperdir=${NODE_DIR}/varlib/upper,workdir=${NODE_DIR}/varlib/work" /var/lib
 	# Loop devices made inside the node over its files (a CSI driver's
 	# volumes) show this overlay's device number and the node's paths.
-	stat -c %D /var/lib >"${CLUSTER_DIR}/varlib.dev"
-	mount --bind "${CLUSTER_DIR}/varlog" /var/log
+	stat -c %D /var/lib >"${NODE_DIR}/varlib.dev"
+	mount --bind "${NODE_DIR}/varlog" /var/log
 	# A new network namespace keeps showing the host's /sys/class/net until
 	# sysfs is mounted again; the cgroup mounts are carried over.
-	local aside="${CLUSTER_DIR}/cgroup-aside"
+	local aside="${NODE_DIR}/cgroup-aside"
 	mkdir -p "${aside}"
 	mount --rbind /sys/fs/cgroup "${aside}"
 	mount -t sysfs sysfs /sys
@@ -290,18 +349,24 @@ node_mounts() {
 	mount --make-rshared /
 	# kubelet sets these global sysctls; it writes files of ours instead.
 	local kv file
-	mkdir -p "${CLUSTER_DIR}/sysctl"
+	mkdir -p "${NODE_DIR}/sysctl"
 	for kv in kernel/panic=10 kernel/panic_on_oops=1 vm/overcommit_memory=1 vm/panic_on_oom=0 \
 		kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
-		file="${CLUSTER_DIR}/sysctl/${kv%%=*}"
+		file="${NODE_DIR}/sysctl/${kv%%=*}"
 		mkdir -p "$(dirname "${file}")"
 		echo "${kv#*=}" >"${file}"
 		mount --bind "${file}" "/proc/sys/${kv%%=*}"
 	done
 }
 
+# The first node's eth0 leads to the host, a worker's to the nodes'
+# bridge in the first node (which up makes and routes). Pods reach each
+# other unmasqueraded; what leaves the pod network is masqueraded on its
+# node, and what leaves the first node for the host is masqueraded again:
+# the host knows only the first node's address.
 node_network() {
-	local deadline=$((SECONDS + 30))
+	local deadline=$((SECONDS + 30)) gateway=${HOST_IP}
+	((NODE_INDEX == 0)) || gateway=${NODES_NET}.1
 	until ip link show eth0 >/dev/null 2>&1; do
 		((SECONDS < deadline)) || die "the host never gave the node its veth"
 		sleep 0.1
@@ -310,26 +375,22 @@ node_network() {
 	ip link set lo up
 	ip addr add "${NODE_IP}/24" dev eth0
 	ip link set eth0 up
-	ip route add default via "${HOST_IP}" dev eth0 onlink
+	ip route add default via "${gateway}" dev eth0 onlink
 	echo 1 >/proc/sys/net/ipv4/ip_forward
+	iptables -t nat -A POSTROUTING -s "${POD_CIDR}" ! -d "${CLUSTER_CIDR}" -j MASQUERADE
+	((NODE_INDEX != 0)) || iptables -t nat -A POSTROUTING -s "${NODES_NET}.0/24" -o eth0 -j MASQUERADE
 }
 
-node_main() {
-	local kube
-	kube=$(kubernetes_bin)
-	export PATH="${NODE_PACKAGES}/usr/bin:${NODE_PACKAGES}/usr/sbin:${PATH}"
-	trap 'stop_daemons; exit 0' TERM INT
-	: >"${LOGS}/daemons"
-	node_mounts
-	node_network
-
+# The control plane, on the first node only.
+control_plane() {
+	local kube=$1
 	start_daemon etcd "${ETCD}" --data-dir "${CLUSTER_DIR}/etcd" \
 		--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
 		--listen-peer-urls http://127.0.0.1:2380 --unsafe-no-fsync
 	wait_for etcd 30 curl -fsS http://127.0.0.1:2379/health
 	start_daemon kube-apiserver "${kube}/kube-apiserver" \
 		--etcd-servers=http://127.0.0.1:2379 \
-		--bind-address=0.0.0.0 --secure-port=6443 --advertise-address="${NODE_IP}" \
+		--bind-address=0.0.0.0 --secure-port=6443 --advertise-address="${FIRST_NODE_IP}" \
 		--service-cluster-ip-range="${SERVICE_CIDR}" \
 		--tls-cert-file="${PKI}/apiserver.crt" --tls-private-key-file="${PKI}/apiserver.key" \
 		--client-ca-file="${PKI}/ca.crt" --token-auth-file="${PKI}/tokens.csv" \
@@ -354,6 +415,17 @@ node_main() {
 		--use-service-account-credentials --leader-elect=false --profiling=false
 	start_daemon kube-scheduler "${kube}/kube-scheduler" \
 		--kubeconfig="${ETC}/admin.kubeconfig" --bind-address=127.0.0.1 --leader-elect=false --profiling=false
+}
+
+node_main() {
+	local kube
+	kube=$(kubernetes_bin)
+	export PATH="${NODE_PACKAGES}/usr/bin:${NODE_PACKAGES}/usr/sbin:${PATH}"
+	trap 'stop_daemons; exit 0' TERM INT
+	: >"${LOGS}/daemons"
+	node_mounts
+	node_network
+	((NODE_INDEX != 0)) || control_plane "${kube}"
 	start_daemon containerd containerd --config "${ETC}/containerd.toml"
 	# containerd's own API answers before its CRI server is initialized;
 	# kubelet exits if it starts in between.
@@ -362,7 +434,7 @@ node_main() {
 		--kubeconfig="${ETC}/kubelet.kubeconfig" --root-dir=/var/lib/kubelet \
 		--node-ip="${NODE_IP}" --hostname-override="${NODE_NAME}"
 	start_daemon kube-proxy "${kube}/kube-proxy" --config="${ETC}/kube-proxy.yaml"
-	touch "${CLUSTER_DIR}/node.started"
+	touch "${NODE_DIR}/node.started"
 	# One component exiting ends the node: a half node is not a node.
 	local status=0
 	wait -n || status=$?
@@ -402,12 +474,12 @@ make_cgroups() {
 	done
 }
 
-# Loop devices whose backing files live in the node's directory, or in the
-# node's /var/lib overlay, whose device number up recorded.
+# Loop devices whose backing files live in the cluster's directory, or in
+# the node's /var/lib overlay, whose device number the node recorded.
 remove_loop_devices() {
 	local line dev overlay=""
-	if [[ -s ${CLUSTER_DIR}/varlib.dev ]]; then
-		overlay=$(printf '[%04x]:' "0x$(<"${CLUSTER_DIR}/varlib.dev")")
+	if [[ -s ${NODE_DIR}/varlib.dev ]]; then
+		overlay=$(printf '[%04x]:' "0x$(<"${NODE_DIR}/varlib.dev")")
 	fi
 	while IFS= read -r line; do
 		dev=${line%%:*}
@@ -415,7 +487,8 @@ remove_loop_devices() {
 	done < <(losetup -a | grep -F -e "(${CLUSTER_DIR}/" ${overlay:+-e ": ${overlay}"} || true)
 }
 
-down() {
+# stop_node ends the node of node_vars and what it leaves on the host.
+stop_node() {
 	local pid
 	pid=$(node_pid)
 	if [[ -n ${pid} ]]; then
@@ -429,21 +502,37 @@ down() {
 		kill -KILL "${pid}" 2>/dev/null || true
 		while [[ -d /proc/${pid} ]]; do sleep 0.1; done
 	fi
-	rm -f "${PIDFILE}" "${CLUSTER_DIR}/node.started"
-	ip link del "${HOST_VETH}" 2>/dev/null || true
+	rm -f "${PIDFILE}" "${NODE_DIR}/node.started"
 	remove_loop_devices
-	rm -f "${CLUSTER_DIR}/varlib.dev"
+	rm -f "${NODE_DIR}/varlib.dev"
 	remove_cgroups
 }
 
+# Workers first: the first node holds their links and the API server.
+down() {
+	local i
+	for i in $(known_nodes | sort -rn); do
+		node_vars "${i}"
+		stop_node
+		# The host end of the node's veth (HOST_VETH for the first), left
+		# on the host when an up failed before moving it.
+		ip link del "kvq-node${i}" 2>/dev/null || true
+	done
+	node_vars 0
+}
+
 status() {
-	local pid
-	pid=$(node_pid)
-	if [[ -z ${pid} ]]; then
+	local i running
+	running=$(running_nodes)
+	if [[ -z ${running} ]]; then
 		echo "down"
 		return 1
 	fi
-	echo "up: node ${NODE_NAME} (nodeinit PID ${pid})"
+	for i in ${running}; do
+		node_vars "${i}"
+		echo "up: node ${NODE_NAME} (nodeinit PID $(node_pid))"
+	done
+	node_vars 0
 	echo "kubeconfig: ${KUBECONFIG_FILE}"
 	echo "logs: ${LOGS}"
 	node_kubectl get nodes 2>&1 || true
@@ -451,19 +540,76 @@ status() {
 
 fail_up() {
 	log "error: $*"
-	log "logs: ${LOGS} (node.log and one log per component)"
+	log "logs: ${LOGS} (node.log and one log per component; workers' under ${CLUSTER_DIR}/nodes)"
 	down
 	exit 1
 }
 
+# start_node starts the node of node_vars in namespaces of its own and
+# gives it its eth0: one end of a veth pair whose other end is host (the
+# host's network namespace, for the first node) or, for a worker, the
+# nodes' bridge in the first node's.
+start_node() {
+	local host=$1
+	mkdir -p "${LOGS}"
+	make_cgroups
+	setsid unshare --mount --pid --net --uts --fork --mount-proc --propagation private \
+		"${CLUSTER_DIR}/bin/nodeinit" "${QCOW2_ROOT}/hack/cluster.sh" _node "${NODE_INDEX}" \
+		</dev/null >"${LOGS}/node.log" 2>&1 &
+	local unshare_pid=$! pid='' i
+	for i in $(seq 100); do
+		pid=$(awk '{print $1}' "/proc/${unshare_pid}/task/${unshare_pid}/children" 2>/dev/null || true)
+		[[ -n ${pid} ]] && break
+		sleep 0.05
+	done
+	[[ -n ${pid} ]] || fail_up "the namespaces of node ${NODE_NAME} did not start"
+	echo "${pid}" >"${PIDFILE}"
+	ip link add "${host}" type veth peer name eth0 netns "${pid}" || fail_up "cannot create the veth pair of ${NODE_NAME}"
+}
+
+# wait_node waits until the node of node_vars runs its components, then
+# gives it the pause image and waits until it is Ready.
+wait_node() {
+	local deadline=$1
+	until [[ -f ${NODE_DIR}/node.started ]]; do
+		[[ -n $(node_pid) ]] || fail_up "node ${NODE_NAME} exited"
+		((SECONDS < deadline)) || fail_up "the components of node ${NODE_NAME} did not start in ${UP_TIMEOUT}s"
+		sleep 0.5
+	done
+	in_node "${NODE_PACKAGES}/usr/bin/ctr" --address /run/containerd/containerd.sock \
+		-n k8s.io images import "${CLUSTER_DIR}/pause.tar" >/dev/null || fail_up "cannot import the pause image"
+	until node_kubectl wait --for=condition=Ready "node/${NODE_NAME}" --timeout=5s >/dev/null 2>&1; do
+		[[ -n $(node_pid) ]] || fail_up "node ${NODE_NAME} exited"
+		((SECONDS < deadline)) || fail_up "node ${NODE_NAME} was not Ready after ${UP_TIMEOUT}s"
+		sleep 1
+	done
+}
+
+# add_worker starts worker i and joins it to the first node's bridge;
+# the first node routes to the worker's pods.
+add_worker() {
+	local i=$1 first
+	node_vars 0
+	first=$(node_pid)
+	node_vars "${i}"
+	start_node "kvq-node${i}"
+	ip link set "kvq-node${i}" netns "${first}" || fail_up "cannot move the link of ${NODE_NAME}"
+	nsenter --target "${first}" --net -- sh -ec "
+		ip link set kvq-node${i} master ${NODES_BRIDGE} up
+		ip route add ${POD_CIDR} via ${NODE_IP}" || fail_up "cannot join ${NODE_NAME} to the nodes' bridge"
+}
+
 up() {
 	[[ ${EUID} -eq 0 ]] || die "run as root: the node needs namespaces, mounts and cgroups"
-	local start=${SECONDS} kube missing=()
-	if [[ -n $(node_pid) ]] && node_kubectl get --raw /readyz >/dev/null 2>&1; then
+	local start=${SECONDS} kube missing=() nodes=${CLUSTER_NODES:-1} running i
+	[[ ${nodes} =~ ^[1-9]$ ]] || die "CLUSTER_NODES=${nodes}: from 1 to 9 nodes"
+	running=$(running_nodes | wc -l)
+	if ((running == nodes)) && node_kubectl get --raw /readyz >/dev/null 2>&1; then
 		log "already up"
 		status
 		return 0
 	fi
+	((running == 0)) || log "${running} nodes run, ${nodes} asked: starting again"
 	down # what a killed run left
 	kube=$(kubernetes_bin)
 	local need
@@ -476,12 +622,20 @@ up() {
 		die "${HOST_IP} is already used on this host; set CLUSTER_HOST_IP and CLUSTER_NODE_IP"
 	fi
 
-	# A fresh node every time; only the image store outlives it.
-	rm -rf "${CLUSTER_DIR}/etcd" "${CLUSTER_DIR}/varlib" "${CLUSTER_DIR}/varlog" "${LOGS}" "${ETC}"
-	mkdir -p "${CLUSTER_DIR}" "${LOGS}" "${ETC}"
-	write_pki
-	write_config
-	make_cgroups
+	# Fresh nodes every time; only their image stores outlive them.
+	rm -rf "${CLUSTER_DIR}/etcd"
+	for ((i = 0; i < nodes; i++)); do
+		node_vars "${i}"
+		rm -rf "${NODE_DIR}/varlib" "${NODE_DIR}/varlog" "${LOGS}" "${ETC}"
+	done
+	node_vars 0
+	mkdir -p "${CLUSTER_DIR}"
+	write_pki "${nodes}"
+	for ((i = 0; i < nodes; i++)); do
+		node_vars "${i}"
+		write_config
+	done
+	node_vars 0
 	local nodeinit="${CLUSTER_DIR}/bin/nodeinit"
 	(cd "${QCOW2_ROOT}" && CGO_ENABLED=0 go build -trimpath -o "${CLUSTER_DIR}/bin/" ./hack/nodeinit ./hack/criready ./cmd/oci-image) ||
 		fail_up "cannot build hack/nodeinit, hack/criready and cmd/oci-image"
@@ -490,40 +644,32 @@ up() {
 		--archive "${CLUSTER_DIR}/pause.tar" --file "${nodeinit}:/pause:0755" --entrypoint /pause \
 		--user 65535 >/dev/null || fail_up "cannot build the pause image"
 
-	setsid unshare --mount --pid --net --uts --fork --mount-proc --propagation private \
-		"${nodeinit}" "${QCOW2_ROOT}/hack/cluster.sh" _node </dev/null >"${LOGS}/node.log" 2>&1 &
-	local unshare_pid=$! pid='' i
-	for i in $(seq 100); do
-		pid=$(awk '{print $1}' "/proc/${unshare_pid}/task/${unshare_pid}/children" 2>/dev/null || true)
-		[[ -n ${pid} ]] && break
-		sleep 0.05
-	done
-	[[ -n ${pid} ]] || fail_up "the node's namespaces did not start"
-	echo "${pid}" >"${PIDFILE}"
-	ip link add "${HOST_VETH}" type veth peer name eth0 netns "${pid}" || fail_up "cannot create the veth pair"
+	start_node "${HOST_VETH}"
 	ip addr add "${HOST_IP}/24" dev "${HOST_VETH}"
 	ip link set "${HOST_VETH}" up
-
 	local deadline=$((SECONDS + UP_TIMEOUT))
 	until node_kubectl get --raw /readyz >/dev/null 2>&1; do
 		[[ -n $(node_pid) ]] || fail_up "the node exited"
 		((SECONDS < deadline)) || fail_up "the API server was not ready after ${UP_TIMEOUT}s"
 		sleep 0.5
 	done
-	until [[ -f ${CLUSTER_DIR}/node.started ]]; do
-		[[ -n $(node_pid) ]] || fail_up "the node exited"
-		((SECONDS < deadline)) || fail_up "the node's components did not start in ${UP_TIMEOUT}s"
-		sleep 0.5
+	if ((nodes > 1)); then
+		in_node sh -ec "
+			ip link add ${NODES_BRIDGE} type bridge
+			ip addr add ${NODES_NET}.1/24 dev ${NODES_BRIDGE}
+			ip link set ${NODES_BRIDGE} up" || fail_up "cannot make the nodes' bridge"
+		for ((i = 1; i < nodes; i++)); do
+			add_worker "${i}"
+		done
+	fi
+	for ((i = 0; i < nodes; i++)); do
+		node_vars "${i}"
+		wait_node "${deadline}"
 	done
-	import_archives "${CLUSTER_DIR}/pause.tar" || fail_up "cannot import the pause image"
-	until node_kubectl wait --for=condition=Ready "node/${NODE_NAME}" --timeout=5s >/dev/null 2>&1; do
-		[[ -n $(node_pid) ]] || fail_up "the node exited"
-		((SECONDS < deadline)) || fail_up "node ${NODE_NAME} was not Ready after ${UP_TIMEOUT}s"
-		sleep 1
-	done
-	# The one node is the control plane too; virt-operator runs only there.
+	node_vars 0
+	# The first node is the control plane too; virt-operator runs only there.
 	node_kubectl label --overwrite "node/${NODE_NAME}" node-role.kubernetes.io/control-plane= >/dev/null
-	log "node ${NODE_NAME} Ready in $((SECONDS - start))s"
+	log "$(running_nodes | wc -l) node(s) Ready in $((SECONDS - start))s"
 	echo "export KUBECONFIG=${KUBECONFIG_FILE}"
 }
 
@@ -629,19 +775,48 @@ kubevirt_failed() {
 	exit 1
 }
 
+# Into every running node's containerd: each has its own image store. An
+# image is also named by its digest, as a pull from its registry names it:
+# kubelet then reports that name as the container's image, and KubeVirt
+# pins a migration target's containerDisks to it.
 import_archives() {
-	local archive
+	local archive i out line ref repo ctr=("${NODE_PACKAGES}/usr/bin/ctr" --address /run/containerd/containerd.sock -n k8s.io)
 	for archive in "$@"; do
 		[[ -f ${archive} ]] || { log "no image archive ${archive}"; return 1; }
 		archive=$(realpath "${archive}")
-		in_node "${NODE_PACKAGES}/usr/bin/ctr" --address /run/containerd/containerd.sock \
-			-n k8s.io images import "${archive}" >/dev/null ||
-			{ log "importing ${archive} failed"; return 1; }
+		for i in $(running_nodes); do
+			node_vars "${i}"
+			out=$(in_node "${ctr[@]}" images import "${archive}") ||
+				{ log "importing ${archive} into ${NODE_NAME} failed"; return 1; }
+			while IFS= read -r line; do
+				[[ ${line} =~ ^unpacking\ ([^ ]+)\ \((sha256:[0-9a-f]+)\) ]] || continue
+				# registry:port/repo:tag@digest -> registry:port/repo@digest
+				ref=${BASH_REMATCH[1]} repo=${BASH_REMATCH[1]}
+				[[ ${repo##*/} != *:* ]] || repo=${repo%:*}
+				in_node "${ctr[@]}" images tag --force "${ref}" "${repo}@${BASH_REMATCH[2]}" >/dev/null
+			done <<<"${out}"
+		done
 	done
+	node_vars 0
+}
+
+# exec_in runs a command in the first node, or in the node --node names.
+exec_in() {
+	if [[ ${1:-} == --node ]]; then
+		local i
+		for i in $(running_nodes); do
+			node_vars "${i}"
+			[[ ${NODE_NAME} != "${2:-}" ]] || break
+		done
+		[[ ${NODE_NAME} == "${2:-}" ]] || die "no node ${2:-} runs"
+		shift 2
+	fi
+	in_node "$@"
 }
 
 main() {
 	local cmd=${1:-}
+	node_vars 0
 	[[ $# -gt 0 ]] && shift
 	case "${cmd}" in
 	up) up ;;
@@ -657,8 +832,11 @@ main() {
 		;;
 	kubectl) node_kubectl "$@" ;;
 	import) import_archives "$@" ;;
-	exec) in_node "$@" ;;
-	_node) node_main ;;
+	exec) exec_in "$@" ;;
+	_node)
+		node_vars "$1"
+		node_main
+		;;
 	*) usage ;;
 	esac
 }
