@@ -67,8 +67,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	kubectlBin = filepath.Join(strings.TrimSpace(string(out)), "kubectl")
 
 	if exec.CommandContext(ctx, clusterScript, "status").Run() == nil && kubevirtAvailable(ctx) && runsPatchedOperator(ctx) {
+		out, err := kubectl(ctx, "get", "nodes", "-o", "name")
+		framework.Require(err, "the running cluster's nodes")
 		GinkgoWriter.Println("reusing the running cluster")
-		installed = patched
+		installed = cluster{patched, len(strings.Fields(out))}
 	}
 }, NodeTimeout(time.Minute))
 
@@ -89,29 +91,43 @@ const upgradeLabel = "upgrade"
 // veleroLabel marks the specs of a real Velero, run by make e2e-velero.
 const veleroLabel = "velero"
 
+// twoNodesLabel marks the specs that need a second node (live migration):
+// they run on a cluster of two, the others on one, where every pod is on
+// the node inNode enters.
+const twoNodesLabel = "two-nodes"
+
+// cluster is what the cluster runs: which KubeVirt, on how many nodes.
+type cluster struct {
+	kubevirt kubevirtInstall
+	nodes    int
+}
+
 var (
-	// installed is what the cluster runs; empty before the suite started one.
-	installed kubevirtInstall
+	// installed is what the cluster runs; zero before the suite started one.
+	installed cluster
 	// startedCluster: the suite started the cluster, so it stops it.
 	startedCluster bool
 )
 
-// requireKubeVirt makes the cluster run want: unless it already does, a
-// fresh node (KubeVirt cannot be swapped in place without leftovers) with
-// want installed.
-func requireKubeVirt(ctx context.Context, want kubevirtInstall) {
+// requireCluster makes the cluster run want: unless it already does, fresh
+// nodes (KubeVirt cannot be swapped in place without leftovers) with want's
+// KubeVirt installed.
+func requireCluster(ctx context.Context, want cluster) {
 	if installed == want {
 		return
 	}
 	start := time.Now()
-	installed = ""
-	framework.Require(run(ctx, clusterScript, "down"), "stopping the one-node cluster (hack/cluster.sh down)")
+	installed = cluster{}
+	framework.Require(run(ctx, clusterScript, "down"), "stopping the cluster (hack/cluster.sh down)")
 	startedCluster = true
-	framework.Require(run(ctx, clusterScript, "up"), "the one-node cluster (hack/cluster.sh up)")
-	fmt.Printf("cluster up in %s\n", time.Since(start).Round(time.Second))
+	up := exec.CommandContext(ctx, clusterScript, "up")
+	up.Env = append(os.Environ(), fmt.Sprintf("CLUSTER_NODES=%d", want.nodes))
+	up.Stdout, up.Stderr = GinkgoWriter, GinkgoWriter
+	framework.Require(up.Run(), fmt.Sprintf("a cluster of %d node(s) (CLUSTER_NODES=%d hack/cluster.sh up)", want.nodes, want.nodes))
+	fmt.Printf("cluster of %d node(s) up in %s\n", want.nodes, time.Since(start).Round(time.Second))
 	start = time.Now()
-	framework.Require(run(ctx, clusterScript, string(want)), "KubeVirt on the one-node cluster (hack/cluster.sh "+string(want)+")")
-	fmt.Printf("%s Available in %s\n", want, time.Since(start).Round(time.Second))
+	framework.Require(run(ctx, clusterScript, string(want.kubevirt)), "KubeVirt on the cluster (hack/cluster.sh "+string(want.kubevirt)+")")
+	fmt.Printf("%s Available in %s\n", want.kubevirt, time.Since(start).Round(time.Second))
 	installed = want
 }
 

@@ -172,13 +172,18 @@ func deleteVM(ctx context.Context, name string) {
 }
 
 // Every spec runs on the patched KubeVirt but the upgrade specs, which
-// start from stock KubeVirt; the namespace of the specs' objects exists.
+// start from stock KubeVirt, and on one node but the two-node specs; the
+// namespace of the specs' objects exists.
 var _ = BeforeEach(func(ctx SpecContext) {
-	want := patched
-	if slices.Contains(CurrentSpecReport().Labels(), upgradeLabel) {
-		want = stock
+	want := cluster{patched, 1}
+	labels := CurrentSpecReport().Labels()
+	if slices.Contains(labels, upgradeLabel) {
+		want.kubevirt = stock
 	}
-	requireKubeVirt(ctx, want)
+	if slices.Contains(labels, twoNodesLabel) {
+		want.nodes = 2
+	}
+	requireCluster(ctx, want)
 	_, err := kubectl(ctx, "create", "namespace", namespace)
 	if err != nil && !strings.Contains(err.Error(), "already exists") {
 		Fail(err.Error())
