@@ -65,7 +65,12 @@ func linuxGolden(ctx context.Context, name string) string {
 // the Linux test guest as disk.img, the launcher's user's (107) like the
 // directory; it returns the image's path.
 func linuxDiskClaim(ctx context.Context, name string, size int64) string {
-	dir := emptyFilesystemClaim(ctx, name, size)
+	return linuxDiskClaimWithAccess(ctx, name, size, "ReadWriteOnce")
+}
+
+// linuxDiskClaimWithAccess is linuxDiskClaim with the given access mode.
+func linuxDiskClaimWithAccess(ctx context.Context, name string, size int64, accessMode string) string {
+	dir := emptyFilesystemClaimWithAccess(ctx, name, size, accessMode)
 	image := copyLinuxGuest(ctx, filepath.Join(dir, "disk.img"))
 	Expect(os.Chown(dir, 107, 107)).To(Succeed())
 	Expect(os.Chown(image, 107, 107)).To(Succeed())

@@ -20,6 +20,7 @@ package e2e_test
 
 import (
 	"context"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -49,10 +50,13 @@ func linuxDiskArchive(ctx context.Context, dir string) string {
 	return archive
 }
 
-// migrationState is what a VMI's status says of its last migration.
+// migrationState is what a VMI's status says of its last migration, and
+// how KubeVirt moves its disks: BlockMigration copies the local ones,
+// LiveMigration only memory and devices.
 type migrationState struct {
 	completed, failed      bool
 	sourceNode, targetNode string
+	method                 string
 }
 
 // migrate live-migrates the VM with virtctl, waits until the migration
@@ -64,11 +68,12 @@ func migrate(ctx context.Context, vm string) migrationState {
 		// A false flag is left out: fields are separated, not split on
 		// blanks.
 		out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o", `jsonpath={.status.migrationState.completed}`+
-			`|{.status.migrationState.failed}|{.status.migrationState.sourceNode}|{.status.migrationState.targetNode}`)
+			`|{.status.migrationState.failed}|{.status.migrationState.sourceNode}|{.status.migrationState.targetNode}`+
+			`|{.status.migrationMethod}`)
 		g.Expect(err).ToNot(HaveOccurred())
 		f := strings.Split(out, "|")
-		g.Expect(f).To(HaveLen(4), "the VMI's migrationState: %q", out)
-		state = migrationState{f[0] == "true", f[1] == "true", f[2], f[3]}
+		g.Expect(f).To(HaveLen(5), "the VMI's migrationState: %q", out)
+		state = migrationState{f[0] == "true", f[1] == "true", f[2], f[3], f[4]}
 		g.Expect(state.completed || state.failed).To(BeTrue(), "migration of %s: %+v", vm, state)
 	}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 	return state
@@ -104,6 +109,7 @@ var _ = Describe("live migration between two nodes", Ordered, Label(twoNodesLabe
 
 		state := migrate(ctx, vm)
 		Expect(state.failed).To(BeFalse(), "%+v", state)
+		Expect(state.method).To(Equal("BlockMigration"))
 		Expect(state.sourceNode).To(Equal(source))
 		Expect(state.targetNode).ToNot(Equal(source))
 		Expect(vmiNode(ctx, vm)).To(Equal(state.targetNode))
@@ -119,4 +125,44 @@ var _ = Describe("live migration between two nodes", Ordered, Label(twoNodesLabe
 		Expect(status.Writes[0].Failed).To(BeFalse(), "the guest's write after the migration: %+v", status.Writes)
 		Expect(status.Errors).To(BeEmpty())
 	})
+
+	// Shared storage: the disk is not copied, QEMU hands it over. The
+	// guest writes before the migration, answers on the target, and reads
+	// back what it wrote at its next boot.
+	DescribeTable("moves a VM whose disk is on a ReadWriteMany claim, the disk handed over, not copied",
+		func(ctx SpecContext, vm string, disk func(ctx context.Context, name string)) {
+			disk(ctx, vm)
+			Expect(apply(ctx, linuxVMYAML(vm, "Always", "pieces=2,hotplug", "persistentVolumeClaim: {claimName: "+vm+"}"))).To(Succeed())
+			DeferCleanup(func(ctx SpecContext) { deleteVM(ctx, vm) })
+			waitVMIReady(ctx, vm)
+			Expect(waitLinuxDone(ctx, vm).Published).To(HaveLen(2))
+			source := vmiNode(ctx, vm)
+
+			state := migrate(ctx, vm)
+			Expect(state.failed).To(BeFalse(), "%+v", state)
+			Expect(state.method).To(Equal("LiveMigration"))
+			Expect(state.targetNode).ToNot(Equal(source))
+			Expect(vmiNode(ctx, vm)).To(Equal(state.targetNode))
+			addImage(ctx, vm, "scratch", "--writable")
+			Expect(waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return len(s.Writes) > 0 }).Writes[0].Failed).To(BeFalse())
+
+			// Two more pieces at the next boot, after reading back the
+			// two written on the source.
+			Expect(virtctl(ctx, "-n", namespace, "restart", vm)).Error().ToNot(HaveOccurred())
+			again := waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return s.Boot == 2 && s.Done })
+			Expect(again.Consistent()).To(BeTrue(), "%+v", again)
+			Expect(again.Verified).To(Equal(2), "%+v", again)
+		},
+		Entry("Filesystem", "migrate-rwx-fs", func(ctx context.Context, name string) {
+			guest, err := testenv.LinuxGuestImage(ctx)
+			framework.Require(err, "the Linux test guest (hack/guest-image.sh)")
+			linuxDiskClaimWithAccess(ctx, name, 2*fileSize(guest), "ReadWriteMany")
+		}),
+		Entry("Block", "migrate-rwx-block", func(ctx context.Context, name string) {
+			guest, err := testenv.LinuxGuestImage(ctx)
+			framework.Require(err, "the Linux test guest (hack/guest-image.sh)")
+			dev := blockClaimWithAccess(ctx, name, fileSize(guest), "ReadWriteMany")
+			Expect(exec.CommandContext(ctx, "dd", "if="+guest, "of="+dev, "bs=1M", "oflag=direct", "status=none").Run()).To(Succeed())
+		}),
+	)
 })

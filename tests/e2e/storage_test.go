@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	. "github.com/onsi/gomega"
 
@@ -33,6 +34,16 @@ import (
 const namespace = "e2e"
 
 const nodeName = "kubevirt-qcow2-node"
+
+// clusterNodes names the running cluster's nodes, as hack/cluster.sh names
+// them: the first, then kubevirt-qcow2-node2 and on.
+func clusterNodes() []string {
+	names := []string{nodeName}
+	for i := 2; i <= installed.nodes; i++ {
+		names = append(names, fmt.Sprintf("%s%d", nodeName, i))
+	}
+	return names
+}
 
 // guestParams is what the golden image's test guest writes: 1 MiB after
 // its boot sector, then DONE on the serial console.
@@ -45,8 +56,10 @@ const goldenSize = 64 << 20
 // loop devices made from it.
 var volumesDir = filepath.Join(clusterDir, "volumes")
 
-// localClaim makes a static local PersistentVolume for path on the node and
-// a claim bound to it, as an administrator without a provisioner would.
+// localClaim makes a static local PersistentVolume for path and a claim
+// bound to it, as an administrator without a provisioner would. Every node
+// of the cluster sees the machine's directories and devices: the volume is
+// on all of them, and a ReadWriteMany one is shared storage.
 func localClaim(ctx context.Context, name, path, volumeMode, accessMode string, size int64) {
 	Expect(apply(ctx, fmt.Sprintf(`
 apiVersion: v1
@@ -73,7 +86,7 @@ spec:
   storageClassName: ""
   volumeName: %[1]s
   resources: {requests: {storage: "%[4]d"}}
-`, name, path, volumeMode, size, accessMode, nodeName, namespace))).To(Succeed())
+`, name, path, volumeMode, size, accessMode, strings.Join(clusterNodes(), ", "), namespace))).To(Succeed())
 }
 
 // goldenFilesystem makes the boot-sector guest the golden image, disk.img
@@ -98,10 +111,16 @@ func goldenClaim(ctx context.Context, name string, fill func(image string)) stri
 
 // emptyFilesystemClaim is a claim on an empty directory.
 func emptyFilesystemClaim(ctx context.Context, name string, size int64) string {
+	return emptyFilesystemClaimWithAccess(ctx, name, size, "ReadWriteOnce")
+}
+
+// emptyFilesystemClaimWithAccess is emptyFilesystemClaim with the given
+// access mode.
+func emptyFilesystemClaimWithAccess(ctx context.Context, name string, size int64, accessMode string) string {
 	dir := filepath.Join(volumesDir, name)
 	Expect(os.RemoveAll(dir)).To(Succeed())
 	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
-	localClaim(ctx, name, dir, "Filesystem", "ReadWriteOnce", size)
+	localClaim(ctx, name, dir, "Filesystem", accessMode, size)
 	return dir
 }
 
