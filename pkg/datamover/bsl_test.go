@@ -91,10 +91,21 @@ var _ = Describe("a backup storage location", func() {
 	})
 
 	It("fails the operation on a config key the datamover does not understand, naming it", func() {
-		bsl.Spec.Config["serverSideEncryption"] = "AES256"
+		bsl.Spec.Config["storageClass"] = "GLACIER"
 		_, err := usableLocation(ctx, c, bsl, time.Second)
 		Expect(isFatal(err)).To(BeTrue())
-		Expect(err).To(MatchError(ContainSubstring(`backup storage location default: spec.config: key "serverSideEncryption" is not supported by the KubeVirt datamover`)))
+		Expect(err).To(MatchError(ContainSubstring(`backup storage location default: spec.config: key "storageClass" is not supported by the KubeVirt datamover`)))
+	})
+
+	It("hands the keys of Velero's aws plugin to the pods", func() {
+		bsl.Spec.Config["checksumAlgorithm"] = "SHA256"
+		bsl.Spec.Config["serverSideEncryption"] = "AES256"
+		loc, err := usableLocation(ctx, c, bsl, time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		cfg, err := objectstore.ParseBSL(loc.manifest)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cfg.ChecksumAlgorithm).To(Equal("SHA256"))
+		Expect(cfg.ServerSideEncryption).To(Equal("AES256"))
 	})
 
 	It("is read from the cluster with its credentials, whatever its phase, for qcow2-backup", func() {

@@ -23,7 +23,10 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"maps"
+	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,10 +35,9 @@ import (
 )
 
 // Config locates a bucket the way a Velero BackupStorageLocation of the aws
-// provider does: spec.objectStorage.{bucket,prefix,caCert} and
-// spec.config.{region,s3Url,s3ForcePathStyle,profile,insecureSkipTLSVerify},
-// with the credentials in the AWS shared-credentials format, as Velero's
-// credentials secret holds them.
+// provider does: spec.objectStorage.{bucket,prefix,caCert} and the keys of
+// spec.config (configKeys), with the credentials in the AWS
+// shared-credentials format, as Velero's credentials secret holds them.
 type Config struct {
 	Bucket string
 	// Prefix is the BSL's prefix: Velero's objects are under it, a store
@@ -54,6 +56,18 @@ type Config struct {
 	// Profile names the section of the credentials file; empty means
 	// "default".
 	Profile string
+	// ChecksumAlgorithm is the checksum the store is asked to check and
+	// keep for every object and part written (spec.config.checksumAlgorithm):
+	// one of Checksum's algorithms, or empty for none.
+	ChecksumAlgorithm string
+	// ServerSideEncryption is the store's encryption of what is written
+	// (spec.config.serverSideEncryption: AES256, aws:kms or
+	// aws:kms:dsse), with KMSKeyID the KMS key (spec.config.kmsKeyId,
+	// which alone means aws:kms); both empty leave it to the bucket.
+	ServerSideEncryption string
+	KMSKeyID             string
+	// Tags are set on every object written (spec.config.tagging).
+	Tags map[string]string
 	// CredentialsData is the content of a credentials file in AWS
 	// shared-credentials format, held in memory; it is used instead of
 	// CredentialsFile.
@@ -106,17 +120,30 @@ func LoadBSL(path, credentialsFile string) (Config, error) {
 	return cfg, nil
 }
 
-// configKeys are the keys of spec.config that a location may hold: those
-// Config reads, and those of Velero's aws plugin that change nothing the
-// datamover does. Any other key (kmsKeyId, serverSideEncryption, tagging,
-// checksumAlgorithm, …) asks for something the datamover would not do, and
-// a misspelt key for something nobody does: the location is refused.
+// configKeys are the keys of spec.config that Velero's aws object store
+// plugin accepts (v1.14), and what each is to the datamover. Any other key
+// is refused, naming it: a misspelt key asks for something nobody does.
 var configKeys = map[string]bool{
 	"region": true, "s3Url": true, "s3ForcePathStyle": true, "profile": true, "insecureSkipTLSVerify": true,
-	// Velero's signed download URLs use it; the datamover makes none.
-	"publicUrl": true,
-	// Only "4" (checked below): the datamover signs with version 4.
-	"signatureVersion": true,
+	"checksumAlgorithm": true, "serverSideEncryption": true, "kmsKeyId": true, "tagging": true,
+	// Velero's signed download URLs use them; the datamover makes none.
+	"publicUrl": true, "signatureVersion": true,
+	// Lets Velero's AWS SDK read settings only the shared config file
+	// holds; the datamover reads a profile's keys from the credentials.
+	"enableSharedConfig": true,
+	// Refused by checkConfigKeys, saying why.
+	"credentialsFile": true, "customerKeyEncryptionFile": true, "customerKeyEncryptionSecret": true,
+}
+
+// unsupportedKeys are keys of the aws plugin the datamover cannot honour,
+// and why.
+var unsupportedKeys = map[string]string{
+	"credentialsFile": "names a file of Velero's pod, which the datamover's pods do not have: " +
+		"give the location its credentials secret in spec.credential instead",
+	"customerKeyEncryptionFile": "server-side encryption with a customer-provided key (SSE-C) " +
+		"is not supported by the KubeVirt datamover",
+	"customerKeyEncryptionSecret": "server-side encryption with a customer-provided key (SSE-C) " +
+		"is not supported by the KubeVirt datamover",
 }
 
 // ParseBSL decodes a BackupStorageLocation manifest. It refuses keys of
@@ -137,12 +164,15 @@ func ParseBSL(data []byte) (Config, error) {
 		return Config{}, err
 	}
 	cfg := Config{
-		Bucket:  obj.Spec.ObjectStorage.Bucket,
-		Prefix:  obj.Spec.ObjectStorage.Prefix,
-		CACert:  obj.Spec.ObjectStorage.CACert,
-		Region:  obj.Spec.Config["region"],
-		S3URL:   obj.Spec.Config["s3Url"],
-		Profile: obj.Spec.Config["profile"],
+		Bucket:               obj.Spec.ObjectStorage.Bucket,
+		Prefix:               obj.Spec.ObjectStorage.Prefix,
+		CACert:               obj.Spec.ObjectStorage.CACert,
+		Region:               obj.Spec.Config["region"],
+		S3URL:                obj.Spec.Config["s3Url"],
+		Profile:              obj.Spec.Config["profile"],
+		ChecksumAlgorithm:    obj.Spec.Config["checksumAlgorithm"],
+		ServerSideEncryption: obj.Spec.Config["serverSideEncryption"],
+		KMSKeyID:             obj.Spec.Config["kmsKeyId"],
 	}
 	if len(cfg.CACert) > 0 {
 		if _, err := certPool(cfg.CACert); err != nil {
@@ -154,6 +184,12 @@ func ParseBSL(data []byte) (Config, error) {
 		return Config{}, err
 	}
 	if cfg.InsecureSkipTLSVerify, err = parseBool(obj.Spec.Config, "insecureSkipTLSVerify"); err != nil {
+		return Config{}, err
+	}
+	if _, err = parseBool(obj.Spec.Config, "enableSharedConfig"); err != nil {
+		return Config{}, err
+	}
+	if cfg.Tags, err = parseTags(obj.Spec.Config["tagging"]); err != nil {
 		return Config{}, err
 	}
 	if cfg.Bucket == "" {
@@ -173,7 +209,9 @@ func checkConfigKeys(config map[string]string) error {
 		sort.Strings(unknown)
 		known := make([]string, 0, len(configKeys))
 		for k := range configKeys {
-			known = append(known, k)
+			if _, refused := unsupportedKeys[k]; !refused {
+				known = append(known, k)
+			}
 		}
 		sort.Strings(known)
 		what := "key %s is"
@@ -183,10 +221,58 @@ func checkConfigKeys(config map[string]string) error {
 		return fmt.Errorf("spec.config: "+what+" not supported by the KubeVirt datamover (it understands %s)",
 			quoteAll(unknown), strings.Join(known, ", "))
 	}
-	if v := config["signatureVersion"]; v != "" && v != "4" {
-		return fmt.Errorf("spec.config.signatureVersion: %q is not supported by the KubeVirt datamover: it signs with version 4", v)
+	for _, k := range slices.Sorted(maps.Keys(config)) {
+		if why, ok := unsupportedKeys[k]; ok {
+			return fmt.Errorf("spec.config.%s: %s", k, why)
+		}
+	}
+	if v := config["signatureVersion"]; v != "" && v != "1" && v != "4" {
+		return fmt.Errorf("spec.config.signatureVersion: %q is no signature version (1 or 4)", v)
+	}
+	// Velero's plugin asks for CRC32 when the key is absent; the datamover
+	// asks for none then: each part it sends is signed with its SHA-256,
+	// which the store checks, and each object's SHA-256 is kept beside it
+	// for readers (PutOptions.SHA256).
+	switch v := config["checksumAlgorithm"]; v {
+	case "":
+	case "CRC64NVME":
+		// S3 keeps it of a multipart object only as one checksum of the
+		// whole object, which the datamover's uploads do not compute.
+		return fmt.Errorf("spec.config.checksumAlgorithm: %q is not supported by the KubeVirt datamover (CRC32, CRC32C, SHA1 and SHA256 are)", v)
+	default:
+		if _, ok := checksumTypes[v]; !ok {
+			return fmt.Errorf("spec.config.checksumAlgorithm: %q is not one of %s", v, strings.Join(slices.Sorted(maps.Keys(checksumTypes)), ", "))
+		}
+	}
+	switch v := config["serverSideEncryption"]; v {
+	case "", "AES256", "aws:kms", "aws:kms:dsse":
+	default:
+		return fmt.Errorf("spec.config.serverSideEncryption: %q is not one of AES256, aws:kms, aws:kms:dsse", v)
+	}
+	if config["kmsKeyId"] != "" && config["serverSideEncryption"] == "AES256" {
+		return fmt.Errorf("spec.config.kmsKeyId: a KMS key asks for aws:kms, serverSideEncryption asks for AES256")
 	}
 	return nil
+}
+
+// parseTags reads spec.config.tagging, tags as a URL query
+// ("key1=value1&key2=value2"), as S3's x-amz-tagging carries them.
+func parseTags(tagging string) (map[string]string, error) {
+	if tagging == "" {
+		return nil, nil
+	}
+	values, err := url.ParseQuery(tagging)
+	if err != nil {
+		return nil, fmt.Errorf("spec.config.tagging: %q is not key=value pairs joined by &: %w", tagging, err)
+	}
+	tags := make(map[string]string, len(values))
+	for k, v := range values {
+		if k == "" || len(v) != 1 {
+			return nil, fmt.Errorf("spec.config.tagging: %q needs one value for each key", tagging)
+		}
+		tags[k] = v[0]
+	}
+	return tags, nil
 }
 
 func quoteAll(keys []string) string {

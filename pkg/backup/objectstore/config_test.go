@@ -67,20 +67,72 @@ var _ = Describe("backup storage location", func() {
 		Entry("no bucket", "spec:\n  provider: aws\n", "spec.objectStorage.bucket is empty"),
 		Entry("a flag that is no boolean", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    s3ForcePathStyle: maybe\n", "spec.config.s3ForcePathStyle"),
 		Entry("another kind", "kind: Backup\nspec:\n  objectStorage:\n    bucket: b\n", "want BackupStorageLocation"),
-		Entry("a config key of the aws plugin it does not honour", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    region: r\n    kmsKeyId: alias/backups\n",
-			`spec.config: key "kmsKeyId" is not supported by the KubeVirt datamover (it understands insecureSkipTLSVerify, profile, publicUrl, region, s3ForcePathStyle, s3Url, signatureVersion)`),
+		Entry("a key it does not know", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    region: r\n    storageClass: GLACIER\n",
+			`spec.config: key "storageClass" is not supported by the KubeVirt datamover (it understands checksumAlgorithm, `+
+				`enableSharedConfig, insecureSkipTLSVerify, kmsKeyId, profile, publicUrl, region, s3ForcePathStyle, s3Url, `+
+				`serverSideEncryption, signatureVersion, tagging)`),
+		Entry("a customer-provided key", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    customerKeyEncryptionSecret: sse-key/key\n",
+			"spec.config.customerKeyEncryptionSecret: server-side encryption with a customer-provided key (SSE-C) is not supported"),
+		Entry("a credentials file of Velero's pod", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    credentialsFile: /credentials/cloud\n",
+			"spec.config.credentialsFile: names a file of Velero's pod"),
 		Entry("misspelt config keys", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    s3URL: https://s3.example.test\n    regoin: r\n",
 			`spec.config: keys "regoin", "s3URL" are not supported`),
-		Entry("signature version 1", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    signatureVersion: \"1\"\n",
-			`spec.config.signatureVersion: "1" is not supported by the KubeVirt datamover: it signs with version 4`),
+		Entry("no signature version", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    signatureVersion: \"2\"\n",
+			`spec.config.signatureVersion: "2" is no signature version (1 or 4)`),
+		Entry("no checksum algorithm", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    checksumAlgorithm: MD5\n",
+			`spec.config.checksumAlgorithm: "MD5" is not one of CRC32, CRC32C, CRC64NVME, SHA1, SHA256`),
+		Entry("a checksum kept only of whole objects", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    checksumAlgorithm: CRC64NVME\n",
+			`spec.config.checksumAlgorithm: "CRC64NVME" is not supported by the KubeVirt datamover`),
+		Entry("no encryption S3 knows", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    serverSideEncryption: rot13\n",
+			`spec.config.serverSideEncryption: "rot13" is not one of AES256, aws:kms, aws:kms:dsse`),
+		Entry("a KMS key with AES256", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    serverSideEncryption: AES256\n    kmsKeyId: alias/backups\n",
+			"spec.config.kmsKeyId: a KMS key asks for aws:kms"),
+		Entry("tags that are no query", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    tagging: a=1;b=%zz\n",
+			"spec.config.tagging"),
+		Entry("shared config that is no boolean", "spec:\n  objectStorage:\n    bucket: b\n  config:\n    enableSharedConfig: yes please\n",
+			"spec.config.enableSharedConfig"),
 		Entry("a caCert that holds no certificate", "spec:\n  objectStorage:\n    bucket: b\n    caCert: bm90IGEgY2VydGlmaWNhdGU=\n",
 			"spec.objectStorage.caCert: no PEM certificate in 17 bytes"),
+	)
+
+	It("reads what the aws plugin's keys ask of every write", func() {
+		cfg, err := objectstore.ParseBSL([]byte("spec:\n  objectStorage:\n    bucket: b\n  config:\n" +
+			"    checksumAlgorithm: SHA256\n    serverSideEncryption: aws:kms\n    kmsKeyId: alias/backups\n" +
+			"    tagging: team=storage&tier=backup\n"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cfg).To(Equal(objectstore.Config{Bucket: "b", ChecksumAlgorithm: "SHA256",
+			ServerSideEncryption: "aws:kms", KMSKeyID: "alias/backups",
+			Tags: map[string]string{"team": "storage", "tier": "backup"}}))
+	})
+
+	// OADP's operator writes checksumAlgorithm "" into every aws location
+	// it manages (UpdateBackupStorageLocation), and strips an endpoint's
+	// default port; its CloudStorage locations on STS add
+	// enableSharedConfig.
+	DescribeTable("reads the locations OADP's operator makes",
+		func(config string, want objectstore.Config) {
+			cfg, err := objectstore.ParseBSL([]byte("apiVersion: velero.io/v1\nkind: BackupStorageLocation\n" +
+				"metadata:\n  name: dpa-sample-1\n  namespace: openshift-adp\n" +
+				"spec:\n  provider: aws\n  default: true\n  objectStorage:\n    bucket: b\n    prefix: velero\n" +
+				"  credential:\n    name: cloud-credentials\n    key: cloud\n  config:\n" + config))
+			Expect(err).NotTo(HaveOccurred())
+			want.Bucket, want.Prefix = "b", "velero"
+			Expect(cfg).To(Equal(want))
+		},
+		Entry("AWS", "    region: us-east-1\n    profile: default\n    checksumAlgorithm: \"\"\n",
+			objectstore.Config{Region: "us-east-1", Profile: "default"}),
+		Entry("an S3-compatible store", "    region: minio\n    profile: default\n    s3Url: https://minio.example.test\n"+
+			"    s3ForcePathStyle: \"true\"\n    insecureSkipTLSVerify: \"true\"\n    checksumAlgorithm: \"\"\n",
+			objectstore.Config{Region: "minio", Profile: "default", S3URL: "https://minio.example.test",
+				S3ForcePathStyle: true, InsecureSkipTLSVerify: true}),
+		Entry("AWS through STS", "    region: us-east-2\n    enableSharedConfig: \"true\"\n    checksumAlgorithm: \"\"\n",
+			objectstore.Config{Region: "us-east-2"}),
 	)
 
 	It("reads the location's CA bundle and the aws plugin's keys that change nothing here", func() {
 		cfg, err := objectstore.ParseBSL([]byte("spec:\n  objectStorage:\n    bucket: b\n    caCert: " +
 			base64.StdEncoding.EncodeToString([]byte(testCA)) + "\n  config:\n    s3Url: https://s3.example.test\n" +
-			"    publicUrl: https://public.example.test\n    signatureVersion: \"4\"\n"))
+			"    publicUrl: https://public.example.test\n    signatureVersion: \"1\"\n"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(cfg.CACert)).To(Equal(testCA))
 		_, err = objectstore.NewS3(cfg)

@@ -21,10 +21,13 @@ package objectstore
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -218,7 +221,21 @@ func (s *S3) putMultipart(ctx context.Context, key string, r io.Reader, size int
 	}
 	core := minio.Core{Client: s.client}
 	object := s.key(key)
-	uploadID, err := core.NewMultipartUpload(ctx, s.bucket, object, minio.PutObjectOptions{ContentType: opts.ContentType, UserMetadata: userMetadata(opts)})
+	create := s.writeOptions(opts)
+	// Every part then carries a checksum, and the object keeps the
+	// checksum of theirs, as the AWS SDK's uploads do. Parts too large for
+	// the buffers stream from r while they are sent, before their checksum
+	// could be known: such an object gets none (its SHA-256 is still kept
+	// for readers).
+	withChecksum := s.checksum.IsSet() && plan.Buffered > 0
+	if withChecksum {
+		create.UserMetadata = maps.Clone(create.UserMetadata)
+		if create.UserMetadata == nil {
+			create.UserMetadata = map[string]string{}
+		}
+		create.UserMetadata["x-amz-checksum-algorithm"] = s.checksum.String()
+	}
+	uploadID, err := core.NewMultipartUpload(ctx, s.bucket, object, create)
 	if err != nil {
 		return ObjectInfo{}, s.wrap("put", key, err)
 	}
@@ -232,7 +249,7 @@ func (s *S3) putMultipart(ctx context.Context, key string, r io.Reader, size int
 			_ = core.AbortMultipartUpload(actx, s.bucket, object, uploadID)
 		}
 	}()
-	parts, total, err := s.sendParts(ctx, core, key, uploadID, r, size, plan)
+	parts, total, err := s.sendParts(ctx, core, key, uploadID, r, size, plan, withChecksum)
 	if err != nil {
 		return ObjectInfo{}, err
 	}
@@ -245,7 +262,7 @@ func (s *S3) putMultipart(ctx context.Context, key string, r io.Reader, size int
 
 // sendParts reads r to its end (or size bytes) and sends it as the parts of
 // uploadID, returning them in order and the bytes read.
-func (s *S3) sendParts(ctx context.Context, core minio.Core, key, uploadID string, r io.Reader, size int64, plan PartPlan) ([]minio.CompletePart, int64, error) {
+func (s *S3) sendParts(ctx context.Context, core minio.Core, key, uploadID string, r io.Reader, size int64, plan PartPlan, withChecksum bool) ([]minio.CompletePart, int64, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var (
@@ -254,24 +271,36 @@ func (s *S3) sendParts(ctx context.Context, core minio.Core, key, uploadID strin
 		parts []minio.CompletePart
 		total int64
 	)
-	send := func(n int, body io.Reader, length int64, opts minio.PutObjectPartOptions) {
+	// send sends a part, with its checksum when the object gets one.
+	send := func(n int, body io.Reader, length int64, opts minio.PutObjectPartOptions, checksum string) {
 		p, err := core.PutObjectPart(ctx, s.bucket, s.key(key), uploadID, n, body, length, opts)
 		if err != nil {
 			cancel(s.wrap(fmt.Sprintf("put part %d of", n), key, err))
 			return
 		}
+		part := minio.CompletePart{PartNumber: n, ETag: p.ETag}
+		if checksum != "" {
+			setPartChecksum(&part, s.checksum, checksum)
+		}
 		mu.Lock()
-		parts = append(parts, minio.CompletePart{PartNumber: n, ETag: p.ETag})
+		parts = append(parts, part)
 		mu.Unlock()
 	}
 	// A buffered part is signed with its sha256, which the server
 	// checks, rather than with minio-go's streaming signature, which
-	// would copy it again in 64 KiB chunks, each signed.
+	// would copy it again in 64 KiB chunks, each signed. Its checksum,
+	// if asked for, goes in a header.
 	sendBuffer := func(n int, part []byte) {
 		body := &partReader{b: part}
 		defer body.detach()
 		sum := sha256.Sum256(part)
-		send(n, body, int64(len(part)), minio.PutObjectPartOptions{Sha256Hex: hex.EncodeToString(sum[:]), DisableContentSha256: true})
+		opts := minio.PutObjectPartOptions{Sha256Hex: hex.EncodeToString(sum[:]), DisableContentSha256: true}
+		checksum := ""
+		if withChecksum {
+			checksum = s.checksumOf(part)
+			opts.CustomHeader = http.Header{s.checksum.Key(): {checksum}}
+		}
+		send(n, body, int64(len(part)), opts, checksum)
 	}
 	inFlight := make(chan struct{}, max(plan.Buffered, 1))
 	for n := 1; ctx.Err() == nil; n++ {
@@ -290,7 +319,7 @@ func (s *S3) sendParts(ctx context.Context, core minio.Core, key, uploadID strin
 			// In turn, straight from r: a part shorter than its
 			// length fails its request.
 			body := &countingReader{r: io.LimitReader(r, length)}
-			send(n, body, length, minio.PutObjectPartOptions{})
+			send(n, body, length, minio.PutObjectPartOptions{}, "")
 			total += body.n
 			continue
 		}
@@ -352,6 +381,28 @@ func (s *S3) finishParts(ctx context.Context, key string, r io.Reader, size, tot
 	}
 	slices.SortFunc(parts, func(a, b minio.CompletePart) int { return a.PartNumber - b.PartNumber })
 	return parts, total, nil
+}
+
+// checksumOf is data's checksum by the location's algorithm, in base64.
+func (s *S3) checksumOf(data []byte) string {
+	h := s.checksum.Hasher()
+	h.Write(data)
+	return base64.StdEncoding.EncodeToString(h.Sum(nil))
+}
+
+// setPartChecksum records a part's checksum where CompleteMultipartUpload
+// sends it.
+func setPartChecksum(part *minio.CompletePart, t minio.ChecksumType, value string) {
+	switch t {
+	case minio.ChecksumCRC32:
+		part.ChecksumCRC32 = value
+	case minio.ChecksumCRC32C:
+		part.ChecksumCRC32C = value
+	case minio.ChecksumSHA1:
+		part.ChecksumSHA1 = value
+	case minio.ChecksumSHA256:
+		part.ChecksumSHA256 = value
+	}
 }
 
 // countingReader counts the bytes read through it.

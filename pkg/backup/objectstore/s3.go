@@ -21,10 +21,13 @@ package objectstore
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"path"
@@ -33,6 +36,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/minio/minio-go/v7/pkg/encrypt"
 )
 
 // Defaults for multipart transfers: two 8 MiB parts in flight keep an
@@ -54,6 +58,11 @@ type S3 struct {
 	// buffers holds the part buffers of uploads, PartSize times
 	// PartConcurrency bytes at most, shared by the stores At returns.
 	buffers *bufferPool
+	// What the location asks of every write: a checksum (none when not
+	// set), the store's encryption (nil for the bucket's default), tags.
+	checksum minio.ChecksumType
+	sse      encrypt.ServerSide
+	tags     map[string]string
 }
 
 // NewS3 connects to the bucket cfg names; its keys are relative to
@@ -105,6 +114,7 @@ func NewS3(cfg Config) (*S3, error) {
 		}
 		transport.TLSClientConfig.InsecureSkipVerify = cfg.InsecureSkipTLSVerify //nolint:gosec // the BSL asked for it
 	}
+	checksum := checksumTypes[cfg.ChecksumAlgorithm]
 	client, err := minio.New(endpoint, &minio.Options{
 		Creds:        creds,
 		Secure:       secure,
@@ -116,7 +126,8 @@ func NewS3(cfg Config) (*S3, error) {
 		return nil, fmt.Errorf("s3: client for %s: %w", endpoint, err)
 	}
 	s := &S3{client: client, bucket: cfg.Bucket, prefix: strings.Trim(cfg.Prefix, "/"),
-		partSize: cfg.PartSize, concurrency: cfg.PartConcurrency}
+		partSize: cfg.PartSize, concurrency: cfg.PartConcurrency,
+		checksum: checksum, sse: serverSideEncryption(cfg), tags: cfg.Tags}
 	if s.partSize <= 0 {
 		s.partSize = DefaultPartSize
 	}
@@ -125,6 +136,45 @@ func NewS3(cfg Config) (*S3, error) {
 	}
 	s.buffers = newBufferPool(s.partSize * int64(s.concurrency))
 	return s, nil
+}
+
+// serverSideEncryption is what the location asks of the store's
+// encryption, as Velero's plugin asks it: a KMS key means aws:kms (or
+// aws:kms:dsse) with that key.
+func serverSideEncryption(cfg Config) encrypt.ServerSide {
+	algorithm := cfg.ServerSideEncryption
+	if cfg.KMSKeyID != "" && algorithm == "" {
+		algorithm = "aws:kms"
+	}
+	switch algorithm {
+	case "":
+		return nil
+	case "AES256":
+		return encrypt.NewSSE()
+	default:
+		return storeEncryption{algorithm: algorithm, key: cfg.KMSKeyID}
+	}
+}
+
+// storeEncryption asks for KMS encryption by its header values: minio-go
+// knows aws:kms but not aws:kms:dsse.
+type storeEncryption struct {
+	algorithm, key string
+}
+
+func (e storeEncryption) Type() encrypt.Type { return encrypt.KMS }
+
+func (e storeEncryption) Marshal(h http.Header) {
+	h.Set(encrypt.SseGenericHeader, e.algorithm)
+	if e.key != "" {
+		h.Set(encrypt.SseKmsKeyID, e.key)
+	}
+}
+
+// writeOptions are the options of a new object, as the location asks.
+func (s *S3) writeOptions(opts PutOptions) minio.PutObjectOptions {
+	return minio.PutObjectOptions{ContentType: opts.ContentType, UserMetadata: userMetadata(opts),
+		ServerSideEncryption: s.sse, UserTags: s.tags}
 }
 
 // At returns a store on the same bucket and connection whose keys are
@@ -317,7 +367,8 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64, opts 
 	if size < 0 {
 		return ObjectInfo{}, fmt.Errorf("s3: put %s: a conditional write needs the size", key)
 	}
-	po := minio.PutObjectOptions{ContentType: opts.ContentType, DisableMultipart: true, UserMetadata: userMetadata(opts)}
+	po := s.writeOptions(opts)
+	po.DisableMultipart = true
 	if po.ContentType == "" {
 		po.ContentType = "application/octet-stream"
 	}
@@ -327,11 +378,36 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64, opts 
 	if opts.Condition.IfNoneMatch {
 		po.SetMatchETagExcept("*")
 	}
-	up, err := s.client.PutObject(ctx, s.bucket, s.key(key), r, size, po)
+	var up minio.UploadInfo
+	var err error
+	if s.checksum.IsSet() {
+		up, err = s.putWithChecksum(ctx, key, r, size, po)
+	} else {
+		up, err = s.client.PutObject(ctx, s.bucket, s.key(key), r, size, po)
+	}
 	if err != nil {
 		return ObjectInfo{}, s.wrap("put", key, err)
 	}
 	return ObjectInfo{Key: key, Size: up.Size, ETag: strings.Trim(up.ETag, `"`), LastModified: up.LastModified}, nil
+}
+
+// putWithChecksum sends a small object with the checksum the location
+// asks for, in a header: it is read first, as a buffered part is, and
+// signed with its SHA-256. (minio-go would send it after the body, in a
+// trailer, which not every S3-compatible store reads right.)
+func (s *S3) putWithChecksum(ctx context.Context, key string, r io.Reader, size int64, po minio.PutObjectOptions) (minio.UploadInfo, error) {
+	data := make([]byte, size)
+	if _, err := io.ReadFull(r, data); err != nil {
+		return minio.UploadInfo{}, fmt.Errorf("read: %w", err)
+	}
+	po.UserMetadata = maps.Clone(po.UserMetadata)
+	if po.UserMetadata == nil {
+		po.UserMetadata = map[string]string{}
+	}
+	po.UserMetadata[s.checksum.Key()] = s.checksumOf(data)
+	po.DisableContentSha256 = true
+	sum := sha256.Sum256(data)
+	return minio.Core{Client: s.client}.PutObject(ctx, s.bucket, s.key(key), bytes.NewReader(data), size, "", hex.EncodeToString(sum[:]), po)
 }
 
 // Delete implements Store.
