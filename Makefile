@@ -15,7 +15,7 @@ FUNCTIONAL_TIMEOUT ?= 60m
 # guest boots and writes about ten times faster under TCG: set "qemu" there.
 FUNCTIONAL_VIRT_TYPE ?=
 
-.PHONY: all deps build go-build images images-stock images-velero kubevirt test lint test-unit test-functional e2e e2e-velero test-upstream bench bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug bench-e2e clean
+.PHONY: all deps build go-build images images-stock images-velero kubevirt test lint test-unit test-functional e2e e2e-velero test-upstream bench bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug bench-e2e bench-migration clean
 
 all: deps build
 
@@ -157,7 +157,7 @@ test-upstream:
 # Benchmarks compare alternatives side by side in one run and print ratios;
 # they need root, like the functional suites, and ~36 GiB free in /tmp
 # (the overlay benchmark copies a 16 GiB golden image).
-bench: bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug bench-e2e
+bench: bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug bench-e2e bench-migration
 
 bench-backup:
 	$(GO) test -tags bench -count=1 -timeout 40m -run 'TestBackupDataPath|TestSideBySide|TestChild' -v ./tests/backup/bench
@@ -178,7 +178,11 @@ bench-hotplug: $(BIN)/container-disk
 # hotplug against claim hotplug; a VM's backup by the kubevirt data mover
 # against Velero's file-system backup, full then incremental.
 bench-e2e: images images-velero
-	$(GO) test -tags bench -count=1 -timeout 70m -v ./tests/e2e -ginkgo.label-filter=bench
+	$(GO) test -tags bench -count=1 -timeout 70m -v ./tests/e2e -ginkgo.label-filter='bench && !two-nodes'
+
+# Live migration on two nodes (docs/testing.md, "More nodes").
+bench-migration: images
+	$(GO) test -tags bench -count=1 -timeout 40m -v ./tests/e2e -ginkgo.label-filter='bench && two-nodes'
 
 bench-hooks:
 	$(GO) test -tags bench -run '^$$' -bench OnDefineDomain -benchtime 1000x -timeout 30m ./tests/hooks/

@@ -60,8 +60,10 @@ type migrationState struct {
 }
 
 // migrate live-migrates the VM with virtctl, waits until the migration
-// ended and returns what the VMI says of it.
+// ended and the source's launcher with it, and returns what the VMI says
+// of it.
 func migrate(ctx context.Context, vm string) migrationState {
+	sourcePod := launcherPod(ctx, vm)
 	Expect(virtctl(ctx, "-n", namespace, "migrate", vm)).Error().ToNot(HaveOccurred())
 	var state migrationState
 	Eventually(func(g Gomega) {
@@ -76,6 +78,13 @@ func migrate(ctx context.Context, vm string) migrationState {
 		state = migrationState{f[0] == "true", f[1] == "true", f[2], f[3], f[4]}
 		g.Expect(state.completed || state.failed).To(BeTrue(), "migration of %s: %+v", vm, state)
 	}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+	if state.completed && !state.failed {
+		// The source's launcher ends once the domain left it.
+		Eventually(func() (string, error) {
+			return kubectl(ctx, "-n", namespace, "get", "pod", sourcePod, "--ignore-not-found", "-o", "jsonpath={.status.phase}")
+		}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(2*time.Second).Should(Or(BeEmpty(), Equal("Succeeded")),
+			"the source's launcher %s", sourcePod)
+	}
 	return state
 }
 
@@ -105,7 +114,7 @@ var _ = Describe("live migration between two nodes", Ordered, Label(twoNodesLabe
 		DeferCleanup(func(ctx SpecContext) { deleteVM(ctx, vm) })
 		waitVMIReady(ctx, vm)
 		Expect(waitLinuxDone(ctx, vm).Published).To(HaveLen(2))
-		source, sourcePod := vmiNode(ctx, vm), launcherPod(ctx, vm)
+		source := vmiNode(ctx, vm)
 
 		state := migrate(ctx, vm)
 		Expect(state.failed).To(BeFalse(), "%+v", state)
@@ -113,10 +122,6 @@ var _ = Describe("live migration between two nodes", Ordered, Label(twoNodesLabe
 		Expect(state.sourceNode).To(Equal(source))
 		Expect(state.targetNode).ToNot(Equal(source))
 		Expect(vmiNode(ctx, vm)).To(Equal(state.targetNode))
-		// The source's launcher ends once the domain left it.
-		Eventually(func() (string, error) {
-			return kubectl(ctx, "-n", namespace, "get", "pod", sourcePod, "--ignore-not-found", "-o", "jsonpath={.status.phase}")
-		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(Or(BeEmpty(), Equal("Succeeded")))
 
 		// The guest, now on the target, still runs its program: it writes
 		// to a disk plugged in there, and says so on the target's console.
