@@ -46,7 +46,7 @@ import (
 )
 
 func TestE2E(t *testing.T) {
-	framework.RunSuite(t, "one-node KubeVirt e2e Suite")
+	framework.RunSuite(t, "KubeVirt e2e Suite on the local cluster")
 }
 
 var (
