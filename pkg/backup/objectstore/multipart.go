@@ -26,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -229,10 +228,6 @@ func (s *S3) putMultipart(ctx context.Context, key string, r io.Reader, size int
 	// for readers).
 	withChecksum := s.checksum.IsSet() && plan.Buffered > 0
 	if withChecksum {
-		create.UserMetadata = maps.Clone(create.UserMetadata)
-		if create.UserMetadata == nil {
-			create.UserMetadata = map[string]string{}
-		}
 		create.UserMetadata["x-amz-checksum-algorithm"] = s.checksum.String()
 	}
 	uploadID, err := core.NewMultipartUpload(ctx, s.bucket, object, create)

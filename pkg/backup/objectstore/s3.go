@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"net/url"
 	"path"
@@ -301,12 +300,14 @@ func (s *S3) Get(ctx context.Context, key string, offset, length int64) (io.Read
 // PutOptions.SHA256, in the canonical form minio-go reports it in.
 const metaSHA256 = "Kubevirt-Datamover-Sha256"
 
-// userMetadata is what a write keeps as the object's user metadata.
+// userMetadata is what a write keeps as the object's user metadata, in a
+// map of its own, which the write may add headers to.
 func userMetadata(opts PutOptions) map[string]string {
-	if opts.SHA256 == "" {
-		return nil
+	meta := map[string]string{}
+	if opts.SHA256 != "" {
+		meta[metaSHA256] = opts.SHA256
 	}
-	return map[string]string{metaSHA256: opts.SHA256}
+	return meta
 }
 
 // checksum picks the whole-object checksum a GET reported, if any; a
@@ -399,10 +400,6 @@ func (s *S3) putWithChecksum(ctx context.Context, key string, r io.Reader, size 
 	data := make([]byte, size)
 	if _, err := io.ReadFull(r, data); err != nil {
 		return minio.UploadInfo{}, fmt.Errorf("read: %w", err)
-	}
-	po.UserMetadata = maps.Clone(po.UserMetadata)
-	if po.UserMetadata == nil {
-		po.UserMetadata = map[string]string{}
 	}
 	po.UserMetadata[s.checksum.Key()] = s.checksumOf(data)
 	po.DisableContentSha256 = true
