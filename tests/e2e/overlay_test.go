@@ -101,8 +101,8 @@ func podUID(ctx context.Context, pod string) string {
 
 // nodeLeftovers lists what the node still holds of a pod: its directory and
 // mounts.
-func nodeLeftovers(ctx context.Context, uid string) string {
-	out, _ := inNode(ctx, "sh", "-c", fmt.Sprintf(
+func nodeLeftovers(ctx context.Context, node, uid string) string {
+	out, _ := inNode(ctx, "--node", node, "sh", "-c", fmt.Sprintf(
 		"ls -d /var/lib/kubelet/pods/%[1]s 2>/dev/null; grep -F %[1]s /proc/self/mountinfo || true", uid))
 	return strings.TrimSpace(out)
 }
@@ -148,7 +148,7 @@ overlay:
 
 		for _, vm := range vms {
 			deleteVM(ctx, vm)
-			Eventually(func() string { return nodeLeftovers(ctx, uids[vm]) }).
+			Eventually(func() string { return nodeLeftovers(ctx, nodeName, uids[vm]) }).
 				WithContext(ctx).WithTimeout(2*time.Minute).Should(BeEmpty(), "the node still holds %s's pod", vm)
 		}
 		Expect(testenv.SHA256(golden)).To(Equal(goldenSHA))
@@ -352,7 +352,7 @@ overlay:
 		Expect(launcherPod(ctx, vm)).To(Equal(pod), "the VM's pod was replaced")
 
 		deleteVM(ctx, vm)
-		Eventually(func() string { return nodeLeftovers(ctx, uid) }).
+		Eventually(func() string { return nodeLeftovers(ctx, nodeName, uid) }).
 			WithContext(ctx).WithTimeout(2 * time.Minute).Should(BeEmpty())
 	}, SpecTimeout(15*time.Minute))
 })
