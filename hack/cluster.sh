@@ -28,6 +28,7 @@
 #   hack/cluster.sh kubevirt-stock  install stock KubeVirt instead (make images-stock first)
 #   hack/cluster.sh kubectl ARGS...
 #   hack/cluster.sh import ARCHIVE...   import docker archives into the node's containerd
+#   hack/cluster.sh tag IMAGE NAME      name an image every node holds by another name too
 #   hack/cluster.sh exec [--node NAME] CMD...
 #                             run a command inside a node's namespaces (the first's by default)
 #
@@ -60,6 +61,8 @@ readonly CLUSTER_CIDR=10.244.0.0/16
 readonly SERVICE_CIDR=10.96.0.0/16
 readonly KUBERNETES_SERVICE_IP=10.96.0.1
 readonly NODE_PACKAGES=${QCOW2_CACHE}/node
+# containerd's client in a node, on Kubernetes' namespace of images.
+readonly NODE_CTR=("${NODE_PACKAGES}/usr/bin/ctr" --address /run/containerd/containerd.sock -n k8s.io)
 readonly ETCD=${QCOW2_CACHE}/etcd/usr/bin/etcd
 readonly PKI=${CLUSTER_DIR}/pki
 readonly KUBECONFIG_FILE=${CLUSTER_DIR}/kubeconfig
@@ -576,8 +579,7 @@ wait_node() {
 		((SECONDS < deadline)) || fail_up "the components of node ${NODE_NAME} did not start in ${UP_TIMEOUT}s"
 		sleep 0.5
 	done
-	in_node "${NODE_PACKAGES}/usr/bin/ctr" --address /run/containerd/containerd.sock \
-		-n k8s.io images import "${CLUSTER_DIR}/pause.tar" >/dev/null || fail_up "cannot import the pause image"
+	in_node "${NODE_CTR[@]}" images import "${CLUSTER_DIR}/pause.tar" >/dev/null || fail_up "cannot import the pause image"
 	until node_kubectl wait --for=condition=Ready "node/${NODE_NAME}" --timeout=5s >/dev/null 2>&1; do
 		[[ -n $(node_pid) ]] || fail_up "node ${NODE_NAME} exited"
 		((SECONDS < deadline)) || fail_up "node ${NODE_NAME} was not Ready after ${UP_TIMEOUT}s"
@@ -779,21 +781,32 @@ kubevirt_failed() {
 # image is also named by its digest, as a pull from its registry names it:
 # kubelet then reports that name as the container's image, and KubeVirt
 # pins a migration target's containerDisks to it.
+# tag_image IMAGE NAME: every node's IMAGE is NAME too, as a new release
+# pushed under another tag would be (both fully qualified references).
+tag_image() {
+	local i
+	for i in $(running_nodes); do
+		node_vars "${i}"
+		in_node "${NODE_CTR[@]}" images tag --force "$1" "$2" >/dev/null || die "cannot name $1 $2 on ${NODE_NAME}"
+	done
+	node_vars 0
+}
+
 import_archives() {
-	local archive i out line ref repo ctr=("${NODE_PACKAGES}/usr/bin/ctr" --address /run/containerd/containerd.sock -n k8s.io)
+	local archive i out line ref repo
 	for archive in "$@"; do
 		[[ -f ${archive} ]] || { log "no image archive ${archive}"; return 1; }
 		archive=$(realpath "${archive}")
 		for i in $(running_nodes); do
 			node_vars "${i}"
-			out=$(in_node "${ctr[@]}" images import "${archive}") ||
+			out=$(in_node "${NODE_CTR[@]}" images import "${archive}") ||
 				{ log "importing ${archive} into ${NODE_NAME} failed"; return 1; }
 			while IFS= read -r line; do
 				[[ ${line} =~ ^unpacking\ ([^ ]+)\ \((sha256:[0-9a-f]+)\) ]] || continue
 				# registry:port/repo:tag@digest -> registry:port/repo@digest
 				ref=${BASH_REMATCH[1]} repo=${BASH_REMATCH[1]}
 				[[ ${repo##*/} != *:* ]] || repo=${repo%:*}
-				in_node "${ctr[@]}" images tag --force "${ref}" "${repo}@${BASH_REMATCH[2]}" >/dev/null
+				in_node "${NODE_CTR[@]}" images tag --force "${ref}" "${repo}@${BASH_REMATCH[2]}" >/dev/null
 			done <<<"${out}"
 		done
 	done
@@ -833,6 +846,10 @@ main() {
 	kubectl) node_kubectl "$@" ;;
 	import) import_archives "$@" ;;
 	exec) exec_in "$@" ;;
+	tag)
+		[[ $# == 2 ]] || usage
+		tag_image "$@"
+		;;
 	_node)
 		node_vars "$1"
 		node_main

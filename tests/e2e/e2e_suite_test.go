@@ -207,8 +207,10 @@ func inNode(ctx context.Context, args ...string) (string, error) {
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
 // Artifacts of a failed spec: everything in its namespaces and the node's
-// logs.
-var _ = ReportAfterEach(func(ctx SpecContext, report SpecReport) {
+// logs. Taken in an AfterEach, which runs before the cleanups a spec
+// defers: its VMs' pods and their logs are still there.
+var _ = AfterEach(func(ctx SpecContext) {
+	report := CurrentSpecReport()
 	if !report.Failed() || kubectlBin == "" {
 		return
 	}

@@ -152,6 +152,15 @@ func migratedAway(ctx context.Context, vm string, state migrationState, method s
 		"what node %s keeps of the source's pod", state.sourceNode)
 }
 
+// waitKubeVirtRelease waits until KubeVirt's components run the release
+// (the tag of their images) and KubeVirt is Available.
+func waitKubeVirtRelease(ctx context.Context, release string) {
+	Eventually(func() (string, error) {
+		return kubectl(ctx, "-n", "kubevirt", "get", "kubevirt", "kubevirt", "-o",
+			`jsonpath={.status.observedKubeVirtVersion} {.status.conditions[?(@.type=="Available")].status}`)
+	}).WithContext(ctx).WithTimeout(10*time.Minute).WithPolling(5*time.Second).Should(Equal(release+" True"))
+}
+
 // vmiNode is the node the VM's VMI runs on.
 func vmiNode(ctx context.Context, vm string) string {
 	out, err := kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o", "jsonpath={.status.nodeName}")
@@ -454,5 +463,52 @@ overlay:
 			Expect(final.Consistent()).To(BeTrue(), "%s: %+v", vm, final)
 			Expect(final.Listed).To(Equal(piecesPerBoot), "%s: %+v", vm, final)
 		}
+	})
+
+	// KubeVirt updated in place: its components under another tag, as a
+	// new release would be. With workload updates by live migration,
+	// KubeVirt moves the running overlay VMs onto the new virt-launcher.
+	It("moves running overlay VMs onto the new virt-launcher when KubeVirt is updated", func(ctx SpecContext) {
+		goldenOnce(ctx)
+		vms := map[string]string{
+			"update-ephemeral":  ephemeralOverlay(ctx, "update-ephemeral"),
+			"update-persistent": persistentOverlay(ctx, "update-persistent"),
+		}
+		for vm, volume := range vms {
+			Expect(apply(ctx, linuxVMYAML(vm, "Always", "pieces=2,hotplug", volume))).To(Succeed())
+			DeferCleanup(func(ctx SpecContext) { deleteVM(ctx, vm) })
+		}
+		for vm := range vms {
+			waitVMIReady(ctx, vm)
+			waitLinuxDone(ctx, vm)
+		}
+
+		const release = "dev2"
+		for _, component := range []string{"virt-operator", "virt-api", "virt-controller", "virt-handler", "virt-launcher"} {
+			Expect(run(ctx, clusterScript, "tag", "docker.io/kubevirt-qcow2/"+component+":dev",
+				"docker.io/kubevirt-qcow2/"+component+":"+release)).To(Succeed())
+		}
+		// KubeVirt is not what the suite installed any more: a later spec
+		// gets fresh nodes (rolling back would take as long).
+		DeferCleanup(func() { installed = cluster{} })
+		Expect(kubectl(ctx, "-n", "kubevirt", "patch", "kubevirt", "kubevirt", "--type=merge",
+			"-p", `{"spec":{"imageTag":"`+release+`","workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate"]}}}`)).Error().ToNot(HaveOccurred())
+		waitKubeVirtRelease(ctx, release)
+
+		for vm := range vms {
+			Eventually(func() (string, error) {
+				return kubectl(ctx, "-n", namespace, "get", "pods", "-l", "vm.kubevirt.io/name="+vm, "--field-selector=status.phase=Running",
+					"-o", `jsonpath={.items[*].spec.containers[?(@.name=="compute")].image}`)
+			}).WithContext(ctx).WithTimeout(5*time.Minute).WithPolling(2*time.Second).Should(Equal("kubevirt-qcow2/virt-launcher:"+release), vm)
+		}
+		// Both guests go on in their new pods: one writes to a disk
+		// plugged in there, the other reads back its pieces in a new VMI.
+		addImage(ctx, "update-ephemeral", "scratch", "--writable")
+		status := waitLinuxGuest(ctx, "update-ephemeral", func(s testenv.LinuxGuestStatus) bool { return len(s.Writes) > 0 })
+		Expect(status.Writes[0].Failed).To(BeFalse(), "%+v", status)
+		Expect(virtctl(ctx, "-n", namespace, "restart", "update-persistent")).Error().ToNot(HaveOccurred())
+		again := waitLinuxGuest(ctx, "update-persistent", func(s testenv.LinuxGuestStatus) bool { return s.Boot == 2 && s.Done })
+		Expect(again.Consistent()).To(BeTrue(), "%+v", again)
+		Expect(again.Listed).To(Equal(2), "%+v", again)
 	})
 })
