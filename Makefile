@@ -136,7 +136,7 @@ e2e: images images-stock images-velero
 	hack/cluster.sh down
 	$(GO) test -count=1 -timeout 75m -v ./tests/e2e -ginkgo.label-filter='!upgrade && !two-nodes'
 	$(GO) test -count=1 -timeout 40m -v ./tests/e2e -ginkgo.label-filter=upgrade
-	$(GO) test -count=1 -timeout 30m -v ./tests/e2e -ginkgo.label-filter=two-nodes
+	$(GO) test -count=1 -timeout 40m -v ./tests/e2e -ginkgo.label-filter=two-nodes
 
 # The e2e specs of a real Velero alone.
 e2e-velero: images images-velero
