@@ -158,7 +158,7 @@ func waitKubeVirtRelease(ctx context.Context, release string) {
 	Eventually(func() (string, error) {
 		return kubectl(ctx, "-n", "kubevirt", "get", "kubevirt", "kubevirt", "-o",
 			`jsonpath={.status.observedKubeVirtVersion} {.status.conditions[?(@.type=="Available")].status}`)
-	}).WithContext(ctx).WithTimeout(10*time.Minute).WithPolling(5*time.Second).Should(Equal(release+" True"))
+	}).WithContext(ctx).WithTimeout(10 * time.Minute).WithPolling(5 * time.Second).Should(Equal(release + " True"))
 }
 
 // vmiNode is the node the VM's VMI runs on.
