@@ -220,6 +220,11 @@ overlay:
 			Eventually(func() (string, error) {
 				return kubectl(ctx, "-n", namespace, "get", "vmi", vm, "--ignore-not-found", "-o", "jsonpath={.status.phase}")
 			}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(BeElementOf("Failed", "Succeeded", ""))
+			// A pod deleted by force leaves the API before its containers
+			// are gone: wait for QEMU itself.
+			Eventually(func() error {
+				return exec.CommandContext(ctx, "pgrep", "-f", fmt.Sprintf("guest=%s_%s,", namespace, vm)).Run()
+			}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(HaveOccurred(), "QEMU of %s still runs", vm)
 			// QEMU is gone: the overlay is as the crash left it.
 			image := target.image(ctx)
 			afterCrash := checkImage(ctx, image)
