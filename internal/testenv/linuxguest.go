@@ -66,6 +66,9 @@ type LinuxGuestStatus struct {
 	// Writes are the guest's writes to disks plugged in while it ran, in
 	// order.
 	Writes []DiskWrite
+	// Reads are the guest's reads of what it wrote there, each when
+	// another disk was plugged in, in order.
+	Reads []DiskRead
 	// Errors are what the guest could not do ("KQG ERROR ...").
 	Errors []string
 }
@@ -79,6 +82,15 @@ type DiskWrite struct {
 	Bytes  int64
 	SHA256 string
 	Failed bool
+}
+
+// DiskRead is the Linux test guest's read, on a disk plugged in while it
+// ran, of what it wrote there.
+type DiskRead struct {
+	// Device is the guest's name of the disk ("sda"); OK tells that it
+	// read back what it wrote.
+	Device string
+	OK     bool
 }
 
 // Consistent tells whether the guest saw its golden content and every
@@ -143,6 +155,10 @@ func ParseLinuxGuest(serial string) LinuxGuestStatus {
 				status.Writes = append(status.Writes, DiskWrite{Device: fields[1], Failed: true})
 			case len(fields) == 4:
 				status.Writes = append(status.Writes, DiskWrite{Device: fields[1], Bytes: number(2), SHA256: fields[3]})
+			}
+		case "READ":
+			if len(fields) == 3 {
+				status.Reads = append(status.Reads, DiskRead{Device: fields[1], OK: fields[2] == "OK"})
 			}
 		}
 	}

@@ -119,6 +119,11 @@ var _ = DescribeTable("ParseLinuxGuest keeps what the Linux test guest said in i
 		"KQG BOOT 1\r\nKQG DONE\r\nKQG IDLE\r\nKQG WROTE sda FAILED\r\nKQG IDLE\r\nKQG WROTE sda 1048576 cc\r\nKQG IDLE\r\n",
 		testenv.LinuxGuestStatus{Boot: 1, Published: map[int]string{}, Trimmed: -1, Done: true, Writes: []testenv.DiskWrite{
 			{Device: "sda", Failed: true}, {Device: "sda", Bytes: 1 << 20, SHA256: "cc"}}}),
+	Entry("what a plugged-in disk holds read back as other disks come",
+		"KQG BOOT 1\r\nKQG DONE\r\nKQG IDLE\r\nKQG WROTE sda 1048576 cc\r\nKQG IDLE\r\nKQG READ sda OK\r\nKQG IDLE\r\nKQG READ sda BAD\r\n",
+		testenv.LinuxGuestStatus{Boot: 1, Published: map[int]string{}, Trimmed: -1, Done: true,
+			Writes: []testenv.DiskWrite{{Device: "sda", Bytes: 1 << 20, SHA256: "cc"}},
+			Reads:  []testenv.DiskRead{{Device: "sda", OK: true}, {Device: "sda", OK: false}}}),
 	Entry("an error, which makes the status inconsistent",
 		"KQG BOOT 1\r\nKQG GOLDEN OK\r\nKQG VERIFIED 0/0\r\nKQG ERROR cannot make / read-only\r\nKQG DONE\r\n",
 		testenv.LinuxGuestStatus{Boot: 1, Golden: "OK", Published: map[int]string{}, Trimmed: -1, Done: true,
