@@ -217,46 +217,6 @@ var _ = Describe("live migration between two nodes", Ordered, Label(twoNodesLabe
 		}
 	})
 
-	// Shared storage: the disk is not copied, QEMU hands it over. The
-	// guest writes before the migration, answers on the target, and reads
-	// back what it wrote at its next boot.
-	DescribeTable("moves a VM whose disk is on a ReadWriteMany claim, the disk handed over, not copied",
-		func(ctx SpecContext, vm string, disk func(ctx context.Context, name string)) {
-			disk(ctx, vm)
-			Expect(apply(ctx, linuxVMYAML(vm, "Always", "pieces=2,hotplug", "persistentVolumeClaim: {claimName: "+vm+"}"))).To(Succeed())
-			DeferCleanup(func(ctx SpecContext) { deleteVM(ctx, vm) })
-			waitVMIReady(ctx, vm)
-			Expect(waitLinuxDone(ctx, vm).Published).To(HaveLen(2))
-			source := vmiNode(ctx, vm)
-
-			state := migrate(ctx, vm)
-			Expect(state.failed).To(BeFalse(), "%+v", state)
-			Expect(state.method).To(Equal("LiveMigration"))
-			Expect(state.targetNode).ToNot(Equal(source))
-			Expect(vmiNode(ctx, vm)).To(Equal(state.targetNode))
-			addImage(ctx, vm, "scratch", "--writable")
-			Expect(waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return len(s.Writes) > 0 }).Writes[0].Failed).To(BeFalse())
-
-			// Two more pieces at the next boot, after reading back the
-			// two written on the source.
-			Expect(virtctl(ctx, "-n", namespace, "restart", vm)).Error().ToNot(HaveOccurred())
-			again := waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return s.Boot == 2 && s.Done })
-			Expect(again.Consistent()).To(BeTrue(), "%+v", again)
-			Expect(again.Verified).To(Equal(2), "%+v", again)
-		},
-		Entry("Filesystem", "migrate-rwx-fs", func(ctx context.Context, name string) {
-			guest, err := testenv.LinuxGuestImage(ctx)
-			framework.Require(err, "the Linux test guest (hack/guest-image.sh)")
-			linuxDiskClaimWithAccess(ctx, name, 2*fileSize(guest), "ReadWriteMany")
-		}),
-		Entry("Block", "migrate-rwx-block", func(ctx context.Context, name string) {
-			guest, err := testenv.LinuxGuestImage(ctx)
-			framework.Require(err, "the Linux test guest (hack/guest-image.sh)")
-			dev := blockClaimWithAccess(ctx, name, fileSize(guest), "ReadWriteMany")
-			Expect(exec.CommandContext(ctx, "dd", "if="+guest, "of="+dev, "bs=1M", "oflag=direct", "status=none").Run()).To(Succeed())
-		}),
-	)
-
 	// Overlay VMs move while their guest writes, there and back: the guest
 	// writes a piece every two seconds, then reboots itself (the VM, its
 	// VMI and an ephemeral overlay stay) and reads back every piece before
