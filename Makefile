@@ -15,7 +15,7 @@ FUNCTIONAL_TIMEOUT ?= 60m
 # guest boots and writes about ten times faster under TCG: set "qemu" there.
 FUNCTIONAL_VIRT_TYPE ?=
 
-.PHONY: all deps build go-build images images-stock images-velero kubevirt test lint test-unit test-functional e2e e2e-velero test-upstream bench bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug bench-e2e bench-migration clean
+.PHONY: all deps build go-build images images-stock images-velero kubevirt test lint test-unit test-functional e2e e2e-images e2e-one-node e2e-upgrade e2e-two-nodes e2e-velero test-upstream bench bench-backup bench-thinp bench-hooks bench-overlay bench-hotplug bench-e2e bench-migration clean
 
 all: deps build
 
@@ -95,7 +95,9 @@ kubevirt:
 	hack/kubevirt.sh apply
 	hack/kubevirt.sh build
 
-test: build lint test-unit test-functional e2e test-upstream
+# Each stage's time is printed at the end (hack/stages.sh).
+test:
+	hack/stages.sh build lint test-unit test-functional e2e-images e2e-one-node e2e-upgrade e2e-two-nodes test-upstream
 
 # Formatting, vet, golangci-lint (.golangci.yml; built once into the cache,
 # seconds when its cache is warm), shellcheck and licence headers: cheap,
@@ -132,10 +134,18 @@ images-velero:
 # upgrade specs start from stock KubeVirt, the two-node specs on a second
 # node: each runs apart, on nodes of its own, so that each run starts one
 # cluster.
-e2e: images images-stock images-velero
+e2e: e2e-images e2e-one-node e2e-upgrade e2e-two-nodes
+
+e2e-images: images images-stock images-velero
+
+e2e-one-node:
 	hack/cluster.sh down
 	$(GO) test -count=1 -timeout 75m -v ./tests/e2e -ginkgo.label-filter='!upgrade && !two-nodes'
+
+e2e-upgrade:
 	$(GO) test -count=1 -timeout 40m -v ./tests/e2e -ginkgo.label-filter=upgrade
+
+e2e-two-nodes:
 	$(GO) test -count=1 -timeout 40m -v ./tests/e2e -ginkgo.label-filter=two-nodes
 
 # The e2e specs of a real Velero alone.
