@@ -137,6 +137,14 @@ func installVelero(ctx context.Context) *veleroSetup {
 		"--use-node-agent",
 		"--wait")).Error().ToNot(HaveOccurred())
 	DeferCleanup(v.uninstall)
+	// Velero looks at the DataUploads and DataDownloads of a backup or
+	// restore every 10 s by default: each of the specs' backups and
+	// restores would wait 5 s on average for nothing.
+	Expect(kubectl(ctx, "-n", veleroNamespace, "patch", "deployment", "velero", "--type", "json", "-p",
+		`[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--item-operation-sync-frequency=2s"}]`)).
+		Error().ToNot(HaveOccurred())
+	Expect(kubectl(ctx, "-n", veleroNamespace, "rollout", "status", "deployment/velero", "--timeout=3m")).
+		Error().ToNot(HaveOccurred())
 	// Velero validates a location every minute by default; the specs
 	// look for a validation after each step.
 	Expect(kubectl(ctx, "-n", veleroNamespace, "patch", "backupstoragelocation", "default", "--type", "merge",
