@@ -37,17 +37,23 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/logging"
@@ -161,6 +167,20 @@ func build(ctx context.Context, args []string) error {
 		}
 		spec.Created = time.Unix(secs, 0)
 	}
+	// An image whose inputs have not changed since it was written is left
+	// as it is: make images runs in every make cluster and e2e run.
+	key, err := inputsKey(args, spec, *base)
+	if err != nil {
+		return err
+	}
+	keyFile := filepath.Clean(*out) + ".inputs"
+	if digest, ok := unchanged(keyFile, key, *out, *archive); ok {
+		printBuilt(*out, *ref, digest)
+		return nil
+	}
+	if err := os.Remove(keyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	if *base != "" {
 		goos, goarch, ok := strings.Cut(*platform, "/")
 		if !ok {
@@ -186,11 +206,106 @@ func build(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	fmt.Printf("%s %s\n", *out, digest)
-	if *ref != "" {
-		fmt.Printf("  push: go run ./cmd/oci-image push %s %s\n", *out, *ref)
+	if key != "" {
+		if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o644); err != nil {
+			return err
+		}
 	}
+	printBuilt(*out, *ref, digest)
 	return nil
+}
+
+func printBuilt(out, ref string, digest v1.Hash) {
+	fmt.Printf("%s %s\n", out, digest)
+	if ref != "" {
+		fmt.Printf("  push: go run ./cmd/oci-image push %s %s\n", out, ref)
+	}
+}
+
+// inputsKey is a digest of everything the image is made of: the
+// arguments, each file's content, the tree's listing (path, mode, size,
+// modification time) and a local base's. Empty for a registry base,
+// whose tag may move: such an image is always built.
+func inputsKey(args []string, spec ociimage.Spec, base string) (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q %q\n", args, os.Getenv("SOURCE_DATE_EPOCH"))
+	for _, f := range spec.Files {
+		if err := hashFile(h, f.Source); err != nil {
+			return "", err
+		}
+	}
+	if spec.Tree != "" {
+		if err := hashListing(h, spec.Tree); err != nil {
+			return "", err
+		}
+	}
+	switch {
+	case base == "":
+	case strings.HasPrefix(base, "oci:"):
+		if err := hashListing(h, strings.TrimPrefix(base, "oci:")); err != nil {
+			return "", err
+		}
+	case strings.HasPrefix(base, "docker-archive:"):
+		if err := hashListing(h, strings.TrimPrefix(base, "docker-archive:")); err != nil {
+			return "", err
+		}
+	default:
+		return "", nil
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func hashFile(h io.Writer, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fmt.Fprintf(h, "file %q\n", path)
+	_, err = io.Copy(h, f)
+	return err
+}
+
+func hashListing(h io.Writer, root string) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%q %v %d %d\n", path, info.Mode(), info.Size(), info.ModTime().UnixNano())
+		return nil
+	})
+}
+
+// unchanged reports whether the layout at out (and the archive, if any)
+// was written from the inputs key names, and the image's digest.
+func unchanged(keyFile, key, out, archive string) (v1.Hash, bool) {
+	old, err := os.ReadFile(keyFile)
+	if key == "" || err != nil || strings.TrimSpace(string(old)) != key {
+		return v1.Hash{}, false
+	}
+	if archive != "" {
+		written, err := os.Stat(keyFile)
+		if err != nil {
+			return v1.Hash{}, false
+		}
+		// Written before the key file, and not since.
+		if info, err := os.Stat(archive); err != nil || info.ModTime().After(written.ModTime()) {
+			return v1.Hash{}, false
+		}
+	}
+	idx, err := layout.ImageIndexFromPath(out)
+	if err != nil {
+		return v1.Hash{}, false
+	}
+	m, err := idx.IndexManifest()
+	if err != nil || len(m.Manifests) != 1 {
+		return v1.Hash{}, false
+	}
+	return m.Manifests[0].Digest, true
 }
 
 // Capabilities --cap knows by name: those KubeVirt's images set.
