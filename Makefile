@@ -38,7 +38,8 @@ go-build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -buildid=' -o $(BIN)/overlay-hook ./hooks/overlay
 
 # OCI image layouts under _out/images, built without a container engine;
-# the same inputs give the same digests. Ours are from scratch: the hook,
+# the same inputs give the same digests, and an image whose inputs did not
+# change is not written again (cmd/oci-image). Ours are from scratch: the hook,
 # the datamover controller's, pods' and Velero plugin's images
 # (hack/datamover-images.sh: non-root, the first two with the machine's CA
 # bundle, the pods' with qemu-img and the libraries it loads on this
