@@ -25,8 +25,8 @@
 #
 # Side by side is for chains that leave the CPU idle most of the time: the
 # end-to-end runs wait on a cluster whose guests take one core. The first
-# chain prints as it goes; the others write to _out/stages/TARGET.log,
-# whose end is printed when a target fails.
+# side-by-side chain prints as it goes; the others write to
+# _out/stages/TARGET.log, whose end is printed when a target fails.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit

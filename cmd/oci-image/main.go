@@ -239,18 +239,14 @@ func inputsKey(args []string, spec ociimage.Spec, base string) (string, error) {
 			return "", err
 		}
 	}
-	switch {
-	case base == "":
-	case strings.HasPrefix(base, "oci:"):
-		if err := hashListing(h, strings.TrimPrefix(base, "oci:")); err != nil {
+	if base != "" {
+		kind, path, _ := strings.Cut(base, ":")
+		if kind != "oci" && kind != "docker-archive" {
+			return "", nil
+		}
+		if err := hashListing(h, path); err != nil {
 			return "", err
 		}
-	case strings.HasPrefix(base, "docker-archive:"):
-		if err := hashListing(h, strings.TrimPrefix(base, "docker-archive:")); err != nil {
-			return "", err
-		}
-	default:
-		return "", nil
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
