@@ -34,9 +34,10 @@
 #
 # The node runs in namespaces of its own (PID, mount, network, UTS) with
 # hack/nodeinit as PID 1. Inside, /run is a tmpfs, /var/lib an overlay whose
-# upper directory is ours, /var/log a directory of ours, and the sysctls
-# kubelet writes are files of ours, so the host's kubelet, containerd and
-# CNI directories, sysctls and iptables are never touched. A veth pair joins
+# upper directory is ours (but /var/lib/csi-loop, one directory of ours
+# all nodes share as their storage), /var/log a directory of ours, and the
+# sysctls kubelet writes are files of ours, so the host's kubelet,
+# containerd and CNI directories, sysctls and iptables are never touched. A veth pair joins
 # the node's network namespace to the host's; the host end is the node's
 # default gateway and how the host reaches the API server. Worker nodes
 # are the same without the control plane; each has an eth0 on a bridge in
@@ -65,6 +66,9 @@ readonly NODE_PACKAGES=${QCOW2_CACHE}/node
 readonly NODE_CTR=("${NODE_PACKAGES}/usr/bin/ctr" --address /run/containerd/containerd.sock -n k8s.io)
 readonly ETCD=${QCOW2_CACHE}/etcd/usr/bin/etcd
 readonly PKI=${CLUSTER_DIR}/pki
+# The nodes' shared storage: every node's /var/lib/csi-loop, where the
+# csi-loop driver keeps its volumes (deploy/csi-loop).
+readonly SHARED_STORAGE=${CLUSTER_DIR}/csi-loop
 readonly KUBECONFIG_FILE=${CLUSTER_DIR}/kubeconfig
 readonly PAUSE_IMAGE=kubevirt-qcow2/pause:dev
 # How long `up` waits for the API server and for the node to be Ready.
@@ -336,6 +340,8 @@ node_mounts() {
 	# Loop devices made inside the node over its files (a CSI driver's
 	# volumes) show this overlay's device number and the node's paths.
 	stat -c %D /var/lib >"${NODE_DIR}/varlib.dev"
+	mkdir -p "${SHARED_STORAGE}" /var/lib/csi-loop
+	mount --bind "${SHARED_STORAGE}" /var/lib/csi-loop
 	mount --bind "${NODE_DIR}/varlog" /var/log
 	# A new network namespace keeps showing the host's /sys/class/net until
 	# sysfs is mounted again; the cgroup mounts are carried over.
@@ -490,6 +496,18 @@ remove_loop_devices() {
 	done < <(losetup -a | grep -F -e "(${CLUSTER_DIR}/" ${overlay:+-e ": ${overlay}"} || true)
 }
 
+# Loop devices over the files of the nodes' shared storage, whichever node
+# attached them (by inode: each shows the path its node named).
+remove_shared_loop_devices() {
+	local file line
+	for file in "${SHARED_STORAGE}"/volumes/*; do
+		[[ -f ${file} ]] || continue
+		while IFS= read -r line; do
+			losetup -d "${line%%:*}" 2>/dev/null || true
+		done < <(losetup -j "${file}" || true)
+	done
+}
+
 # stop_node ends the node of node_vars and what it leaves on the host.
 stop_node() {
 	local pid
@@ -522,6 +540,7 @@ down() {
 		ip link del "kvq-node${i}" 2>/dev/null || true
 	done
 	node_vars 0
+	remove_shared_loop_devices
 }
 
 status() {
@@ -625,7 +644,7 @@ up() {
 	fi
 
 	# Fresh nodes every time; only their image stores outlive them.
-	rm -rf "${CLUSTER_DIR}/etcd"
+	rm -rf "${CLUSTER_DIR}/etcd" "${SHARED_STORAGE}"
 	for ((i = 0; i < nodes; i++)); do
 		node_vars "${i}"
 		rm -rf "${NODE_DIR}/varlib" "${NODE_DIR}/varlog" "${LOGS}" "${ETC}"

@@ -178,29 +178,30 @@ func backs(dev string, file *unix.Stat_t) (bool, error) {
 	return info.Device == file.Dev && info.Inode == file.Ino, nil
 }
 
-// FindLoop returns a loop device bound to file (as LoopBacks tells), or
-// "" when none is.
-func FindLoop(file string) (string, error) {
+// FindLoops returns the loop devices bound to file (as LoopBacks tells),
+// none when none is.
+func FindLoops(file string) ([]string, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(file, &st); err != nil {
-		return "", fmt.Errorf("find the loop device of %s: %w", file, err)
+		return nil, fmt.Errorf("find the loop devices of %s: %w", file, err)
 	}
 	// Bound devices have a loop/backing_file in sysfs; the inode decides.
 	bound, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	if err != nil {
-		return "", fmt.Errorf("find the loop device of %s: %w", file, err)
+		return nil, fmt.Errorf("find the loop devices of %s: %w", file, err)
 	}
+	var devs []string
 	for _, attr := range bound {
 		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(attr)))
 		ok, err := backs(dev, &st)
 		if err != nil {
-			return "", fmt.Errorf("find the loop device of %s: %w", file, err)
+			return nil, fmt.Errorf("find the loop devices of %s: %w", file, err)
 		}
 		if ok {
-			return dev, nil
+			devs = append(devs, dev)
 		}
 	}
-	return "", nil
+	return devs, nil
 }
 
 // Size is the size in bytes of a block device, or of any other file.

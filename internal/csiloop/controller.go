@@ -21,6 +21,7 @@ package csiloop
 import (
 	"context"
 	"slices"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -70,8 +71,11 @@ func (s *controllerServer) CreateVolume(_ context.Context, req *csi.CreateVolume
 
 	d := s.d
 	id := volumeID(name)
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	rec, err := d.state.volume(id)
 	if err != nil {
 		return nil, internal(err)
@@ -104,8 +108,11 @@ func (s *controllerServer) DeleteVolume(_ context.Context, req *csi.DeleteVolume
 		return nil, invalid("a volume ID is required")
 	}
 	d := s.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	rec, err := d.state.volume(id)
 	if err != nil {
 		return nil, internal(err)
@@ -113,17 +120,14 @@ func (s *controllerServer) DeleteVolume(_ context.Context, req *csi.DeleteVolume
 	if rec == nil {
 		return &csi.DeleteVolumeResponse{}, nil
 	}
-	dev, err := d.loops.Find(d.state.backingFile(id))
+	devs, err := d.loops.Find(d.state.backingFile(id))
 	if err != nil {
 		return nil, internal(err)
 	}
-	if dev != "" {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is staged on %s: unstage it first", id, dev)
+	if len(devs) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is staged on %s: unstage it first", id, strings.Join(devs, ", "))
 	}
 	if err := d.state.remove(id); err != nil {
-		return nil, internal(err)
-	}
-	if err := d.state.clearStaged(id); err != nil {
 		return nil, internal(err)
 	}
 	d.log.Info("deleted volume", "volume", id)
@@ -165,8 +169,8 @@ func (s *controllerServer) ValidateVolumeCapabilities(_ context.Context, req *cs
 
 // ControllerExpandVolume grows the volume's file, never shrinks it, and
 // asks for node expansion: the loop device on the node takes the new size
-// only when told (NodeExpandVolume). With GrowStagedOnExpand the device
-// of a staged volume is told here already.
+// only when told (NodeExpandVolume). With GrowStagedOnExpand the devices
+// of a staged volume are told here already.
 func (s *controllerServer) ControllerExpandVolume(_ context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
@@ -186,8 +190,11 @@ func (s *controllerServer) ControllerExpandVolume(_ context.Context, req *csi.Co
 	}
 
 	d := s.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	current, err := d.size(id)
 	if err != nil {
 		return nil, err
@@ -208,24 +215,24 @@ func (s *controllerServer) ControllerExpandVolume(_ context.Context, req *csi.Co
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: current, NodeExpansionRequired: true}, nil
 }
 
-// refreshStaged makes the loop device of a staged volume take its file's
-// size. A failure is only logged: NodeExpandVolume does it again.
+// refreshStaged makes every loop device of a staged volume, whichever
+// node staged it, take its file's size: the nodes share the kernel, as a
+// mapped Ceph RBD image grows on every client at once. A failure is only
+// logged: NodeExpandVolume does it again on each node.
 func (d *Driver) refreshStaged(id string) {
-	staged, err := d.stagedOn(id)
+	devs, err := d.loops.Find(d.state.backingFile(id))
 	if err != nil {
 		d.log.Error(err, "refresh a staged volume", "volume", id)
 		return
 	}
-	if staged == nil {
-		return
+	for _, dev := range devs {
+		got, err := d.loops.RefreshCapacity(dev)
+		if err != nil {
+			d.log.Error(err, "refresh a staged volume", "volume", id, "device", dev)
+			continue
+		}
+		d.log.Info("refreshed a loop device of a staged volume", "volume", id, "device", dev, "bytes", got)
 	}
-	dev := staged.Device
-	got, err := d.loops.RefreshCapacity(dev)
-	if err != nil {
-		d.log.Error(err, "refresh a staged volume", "volume", id, "device", dev)
-		return
-	}
-	d.log.Info("refreshed the loop device of a staged volume", "volume", id, "device", dev, "bytes", got)
 }
 
 // createSize is the size a new volume gets: the required bytes, or the

@@ -58,8 +58,13 @@ type fakes struct {
 }
 
 func startFakes(socket, state string, loops *csilooptest.FakeLoops, mounter *csilooptest.FakeMounter) *fakes {
+	return startNodeFakes("node-a", socket, state, loops, mounter)
+}
+
+// startNodeFakes is startFakes for the named node.
+func startNodeFakes(node, socket, state string, loops *csilooptest.FakeLoops, mounter *csilooptest.FakeMounter) *fakes {
 	d, err := csilooptest.Start(csiloop.Config{
-		NodeID: "node-a", StateDir: state, VendorVersion: "test", GrowStagedOnExpand: true,
+		NodeID: node, StateDir: state, VendorVersion: "test", GrowStagedOnExpand: true,
 		Loops: loops, Mounter: mounter, Logger: GinkgoLogr,
 	}, socket)
 	Expect(err).ToNot(HaveOccurred())
@@ -218,9 +223,9 @@ var _ = Describe("CreateVolume", func() {
 			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 		}}}, "Filesystem"),
-		Entry("several nodes", &csi.CreateVolumeRequest{Name: "v", VolumeCapabilities: []*csi.VolumeCapability{
-			csilooptest.Block(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
-		}}, "one node"),
+		Entry("an unknown access mode", &csi.CreateVolumeRequest{Name: "v", VolumeCapabilities: []*csi.VolumeCapability{
+			csilooptest.Block(csi.VolumeCapability_AccessMode_UNKNOWN),
+		}}, "access mode UNKNOWN is not served"),
 		Entry("a StorageClass parameter", &csi.CreateVolumeRequest{Name: "v", VolumeCapabilities: []*csi.VolumeCapability{csilooptest.Writer},
 			Parameters: map[string]string{"fsType": "ext4"}}, "fsType"),
 		Entry("a clone", &csi.CreateVolumeRequest{Name: "v", VolumeCapabilities: []*csi.VolumeCapability{csilooptest.Writer},
@@ -268,7 +273,7 @@ var _ = Describe("DeleteVolume", func() {
 })
 
 var _ = Describe("ValidateVolumeCapabilities", func() {
-	It("confirms Block on one node only", func(ctx context.Context) {
+	It("confirms Block on one node or several, in a known access mode", func(ctx context.Context) {
 		f := newFakes()
 		vol := f.create(ctx, "pvc-v", mib)
 		resp, err := f.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{
@@ -280,11 +285,20 @@ var _ = Describe("ValidateVolumeCapabilities", func() {
 		resp, err = f.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{
 			VolumeId: vol.GetVolumeId(), VolumeCapabilities: []*csi.VolumeCapability{
 				csilooptest.Block(csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY),
+				csilooptest.Block(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
+			},
+		})
+		Expect(err).ToNot(HaveOccurred())
+		Expect(resp.GetConfirmed().GetVolumeCapabilities()).To(HaveLen(2))
+
+		resp, err = f.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{
+			VolumeId: vol.GetVolumeId(), VolumeCapabilities: []*csi.VolumeCapability{
+				csilooptest.Block(csi.VolumeCapability_AccessMode_UNKNOWN),
 			},
 		})
 		Expect(err).ToNot(HaveOccurred())
 		Expect(resp.GetConfirmed()).To(BeNil())
-		Expect(resp.GetMessage()).To(ContainSubstring("one node"))
+		Expect(resp.GetMessage()).To(ContainSubstring("not served"))
 
 		_, err = f.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{
 			VolumeId: "pvc-none", VolumeCapabilities: []*csi.VolumeCapability{csilooptest.Writer},
@@ -339,8 +353,10 @@ var _ = Describe("Expansion", func() {
 
 	It("grows the staged device in the controller already, and again on the node", func(ctx context.Context) {
 		Expect(f.stage(ctx, vol.GetVolumeId(), "/staging")).To(Succeed())
-		dev, err := f.loops.Find(f.backingFile(vol.GetVolumeId()))
+		devs, err := f.loops.Find(f.backingFile(vol.GetVolumeId()))
 		Expect(err).ToNot(HaveOccurred())
+		Expect(devs).To(HaveLen(1))
+		dev := devs[0]
 		Expect(f.loops.Capacity(dev)).To(Equal(16 * mib))
 
 		_, err = expand(ctx, 64*mib)
@@ -459,10 +475,28 @@ var _ = Describe("Staging and publishing", func() {
 		Expect(f.loops.Bound()).To(BeEmpty())
 	})
 
+	It("neither adopts nor detaches the device another node staged the volume on", func(ctx context.Context) {
+		// node-b's driver: the same state directory and kernel (the fakes).
+		b := startNodeFakes("node-b", filepath.Join(dir, "b.sock"), f.state, f.loops, f.mounter)
+		DeferCleanup(b.Stop)
+		Expect(b.stage(ctx, id, staging)).To(Succeed())
+		theirs := f.loops.Bound()
+		Expect(theirs).To(HaveLen(1))
+
+		Expect(f.stage(ctx, id, staging)).To(Succeed())
+		Expect(f.loops.Bound()).To(HaveLen(2), "a device of node-a's own")
+		Expect(f.unstage(ctx, id, staging)).To(Succeed())
+		Expect(f.loops.Bound()).To(Equal(theirs), "node-b's device stays")
+		Expect(b.unstage(ctx, id, staging)).To(Succeed())
+		Expect(f.loops.Bound()).To(BeEmpty())
+	})
+
 	It("never detaches a device that is not the volume's", func(ctx context.Context) {
 		Expect(f.stage(ctx, id, staging)).To(Succeed())
-		ours, err := f.loops.Find(f.backingFile(id))
+		devs, err := f.loops.Find(f.backingFile(id))
 		Expect(err).ToNot(HaveOccurred())
+		Expect(devs).To(HaveLen(1))
+		ours := devs[0]
 
 		By("detaching the volume's device behind the driver's back and binding another file")
 		Expect(f.loops.Detach(ours)).To(Succeed())
@@ -470,7 +504,7 @@ var _ = Describe("Staging and publishing", func() {
 		Expect(os.WriteFile(other, nil, 0o600)).To(Succeed())
 		foreign, err := f.loops.Attach(other, false)
 		Expect(err).ToNot(HaveOccurred())
-		rec := filepath.Join(f.state, "staged", id+".json")
+		rec := filepath.Join(f.state, "staged", "node-a", id+".json")
 		Expect(os.WriteFile(rec, []byte(`{"device":"`+foreign+`"}`), 0o600)).To(Succeed())
 
 		Expect(code(f.publish(ctx, id, staging, filepath.Join(dir, "pod")))).To(Equal(codes.FailedPrecondition))

@@ -38,8 +38,8 @@ type Loops interface {
 	Detach(dev string) error
 	// Backs reports whether dev is bound to file itself (its inode).
 	Backs(dev, file string) (bool, error)
-	// Find returns a loop device bound to file, or "".
-	Find(file string) (string, error)
+	// Find returns the loop devices bound to file, on every node.
+	Find(file string) ([]string, error)
 	// RefreshCapacity makes dev take its file's size and returns it.
 	RefreshCapacity(dev string) (int64, error)
 }
@@ -66,7 +66,7 @@ func (kernelLoops) Detach(dev string) error { return blockdev.DetachLoop(dev) }
 
 func (kernelLoops) Backs(dev, file string) (bool, error) { return blockdev.LoopBacks(dev, file) }
 
-func (kernelLoops) Find(file string) (string, error) { return blockdev.FindLoop(file) }
+func (kernelLoops) Find(file string) ([]string, error) { return blockdev.FindLoops(file) }
 
 func (kernelLoops) RefreshCapacity(dev string) (int64, error) {
 	return blockdev.RefreshLoopCapacity(dev)

@@ -16,17 +16,24 @@ limitations under the License.
 Copyright The kubevirt-qcow2 Authors.
 */
 
-// Package csiloop is a CSI driver for one node whose volumes are sparse
-// files under a state directory, staged as loop devices: Block volumes
-// that the real external-provisioner creates and deletes, the real
-// external-resizer grows while in use, and kubelet stages, publishes and
-// expands on the node. It serves the CSI Identity, Controller and Node
-// services on one socket, and kubelet's plugin registration API on another
-// (registration.go), so that no node-driver-registrar is needed.
+// Package csiloop is a CSI driver for the nodes of one machine whose
+// volumes are sparse files under a state directory, staged as loop
+// devices: Block volumes that the real external-provisioner creates and
+// deletes, the real external-resizer grows while in use, and kubelet
+// stages, publishes and expands on the nodes. It serves the CSI Identity,
+// Controller and Node services on one socket, and kubelet's plugin
+// registration API on another (registration.go), so that no
+// node-driver-registrar is needed.
+//
+// The drivers of several nodes may share the state directory, and then
+// serve ReadWriteMany and ReadOnlyMany volumes: the nodes must be one
+// machine's (one kernel), as the test cluster's are, so that each node's
+// loop device of a volume reads and writes the same file through the same
+// page cache, and one driver can grow them all.
 //
 // It exists so that the end-to-end tests grow thin volumes through the
 // same sidecars production clusters run; it is not a storage product: one
-// node, no topology, snapshots or clones, no Filesystem volumes.
+// machine, no topology, snapshots or clones, no Filesystem volumes.
 package csiloop
 
 import (
@@ -66,13 +73,14 @@ type Config struct {
 	// NodeID is the node's ID, its Kubernetes name. Required.
 	NodeID string
 	// StateDir holds the volumes and what the driver knows of them.
-	// Required; it must outlive the driver's process (a hostPath).
+	// Required; it must outlive the driver's process (a hostPath), and
+	// be the same directory on every node that is to share volumes.
 	StateDir string
 	// GrowStagedOnExpand makes ControllerExpandVolume also refresh the
-	// loop device of a volume staged on this node, the one node there is,
-	// so that the device grows as soon as the resizer asks rather than at
+	// loop devices of a staged volume, on every node of the machine, so
+	// that they grow as soon as the resizer asks rather than at each
 	// kubelet's next sync of the pod. NodeExpandVolume stays required and
-	// does the same.
+	// does the same on its node.
 	GrowStagedOnExpand bool
 	// Loops and Mounter are the kernel's when nil.
 	Loops   Loops
@@ -82,8 +90,8 @@ type Config struct {
 }
 
 // Driver serves the CSI services. Every call that changes state holds one
-// lock: calls are few and quick, and none may interleave with another on
-// the same volume.
+// lock, shared with the drivers of the other nodes: calls are few and
+// quick, and none may interleave with another on the same volume.
 type Driver struct {
 	name, version, nodeID string
 	growStaged            bool
@@ -106,7 +114,7 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("csiloop: %w", err)
 	}
-	st, err := newState(dir)
+	st, err := newState(dir, cfg.NodeID)
 	if err != nil {
 		return nil, fmt.Errorf("csiloop: %w", err)
 	}
@@ -124,6 +132,22 @@ func New(cfg Config) (*Driver, error) {
 		d.mounter = kernelMounter{}
 	}
 	return d, nil
+}
+
+// lock serializes the calls that change state, within this driver and
+// with the drivers of other nodes sharing the state directory, and
+// returns the release.
+func (d *Driver) lock() (func(), error) {
+	d.mu.Lock()
+	unlock, err := d.state.lock()
+	if err != nil {
+		d.mu.Unlock()
+		return nil, internal(err)
+	}
+	return func() {
+		unlock()
+		d.mu.Unlock()
+	}, nil
 }
 
 // Name is the driver's name.
@@ -248,7 +272,8 @@ func (d *Driver) size(id string) (int64, error) {
 }
 
 // checkCapability refuses what the driver does not serve: anything but a
-// Block volume on one node.
+// Block volume. Several nodes may have it only when their drivers share
+// the state directory; one that does not has no such volume to stage.
 func checkCapability(c *csi.VolumeCapability) error {
 	if c == nil {
 		return errors.New("a volume capability is required")
@@ -263,10 +288,13 @@ func checkCapability(c *csi.VolumeCapability) error {
 	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
-		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER,
+		csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY,
+		csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER,
+		csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
 		return nil
 	default:
-		return fmt.Errorf("access mode %s is not served: volumes are on one node", mode)
+		return fmt.Errorf("access mode %s is not served", mode)
 	}
 }
 
@@ -284,5 +312,9 @@ func checkCapabilities(cs []*csi.VolumeCapability) error {
 
 // readOnlyMode reports whether an access mode allows no writes.
 func readOnlyMode(c *csi.VolumeCapability) bool {
-	return c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+	switch c.GetAccessMode().GetMode() {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		return true
+	}
+	return false
 }

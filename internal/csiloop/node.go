@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -68,6 +69,23 @@ func (d *Driver) stagedOn(id string) (*stageRecord, error) {
 	return rec, nil
 }
 
+// unrecordedDevices are the loop devices of volume id that no other node
+// recorded as its own: one this node's driver attached before it stopped
+// without a record, since the nodes share the kernel and its devices.
+func (d *Driver) unrecordedDevices(id string) ([]string, error) {
+	devs, err := d.loops.Find(d.state.backingFile(id))
+	if err != nil || len(devs) == 0 {
+		return nil, err
+	}
+	others, err := d.state.stagedElsewhere(id)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(devs, func(dev string) bool {
+		return slices.ContainsFunc(others, func(rec *stageRecord) bool { return rec.Device == dev })
+	}), nil
+}
+
 // NodeStageVolume attaches the volume's file to a loop device and records
 // which one, so that a later call, or a restarted driver, finds it again.
 func (s *nodeServer) NodeStageVolume(_ context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
@@ -84,8 +102,11 @@ func (s *nodeServer) NodeStageVolume(_ context.Context, req *csi.NodeStageVolume
 	readOnly := readOnlyMode(req.GetVolumeCapability())
 
 	d := s.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if err := d.exists(id); err != nil {
 		return nil, err
 	}
@@ -100,17 +121,18 @@ func (s *nodeServer) NodeStageVolume(_ context.Context, req *csi.NodeStageVolume
 		return &csi.NodeStageVolumeResponse{}, nil
 	}
 	// Attached by a driver that stopped before it wrote the record?
-	file := d.state.backingFile(id)
-	dev, err := d.loops.Find(file)
+	unrecorded, err := d.unrecordedDevices(id)
 	if err != nil {
 		return nil, internal(err)
 	}
-	attached := false
-	if dev == "" {
-		if dev, err = d.loops.Attach(file, readOnly); err != nil {
+	var dev string
+	attached := len(unrecorded) == 0
+	if attached {
+		if dev, err = d.loops.Attach(d.state.backingFile(id), readOnly); err != nil {
 			return nil, internal(err)
 		}
-		attached = true
+	} else {
+		dev = unrecorded[0]
 	}
 	if err := d.state.setStaged(id, &stageRecord{Device: dev, StagingTargetPath: path, ReadOnly: readOnly}); err != nil {
 		if attached {
@@ -136,8 +158,11 @@ func (s *nodeServer) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVo
 		return nil, invalid("a staging target path is required")
 	}
 	d := s.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if !validID(id) {
 		return &csi.NodeUnstageVolumeResponse{}, nil
 	}
@@ -153,13 +178,15 @@ func (s *nodeServer) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVo
 		}
 		d.log.Info("unstaged volume", "volume", id, "device", dev)
 	}
-	file := d.state.backingFile(id)
-	if _, err := os.Stat(file); err == nil {
-		stray, err := d.loops.Find(file)
+	if _, err := os.Stat(d.state.backingFile(id)); err == nil {
+		strays, err := d.unrecordedDevices(id)
 		if err != nil {
 			return nil, internal(err)
 		}
-		if stray != "" && stray != dev {
+		for _, stray := range strays {
+			if stray == dev {
+				continue
+			}
 			if err := d.loops.Detach(stray); err != nil {
 				return nil, internal(err)
 			}
@@ -188,8 +215,11 @@ func (s *nodeServer) NodePublishVolume(_ context.Context, req *csi.NodePublishVo
 		return nil, invalid("%v", err)
 	}
 	d := s.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if err := d.exists(id); err != nil {
 		return nil, err
 	}
@@ -261,8 +291,11 @@ func (s *nodeServer) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpubli
 		return nil, invalid("a target path is required")
 	}
 	d := s.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if err := d.mounter.Unmount(target); err != nil {
 		return nil, internal(err)
 	}
@@ -291,8 +324,11 @@ func (s *nodeServer) NodeExpandVolume(_ context.Context, req *csi.NodeExpandVolu
 		}
 	}
 	d := s.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	size, err := d.size(id)
 	if err != nil {
 		return nil, err

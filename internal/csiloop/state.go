@@ -27,17 +27,23 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+
+	"golang.org/x/sys/unix"
 )
 
 // The state directory is all the driver knows, so that a restarted driver
 // (a new pod) carries on where the last one stopped:
 //
-//	volumes/<id>.img   the volume: a sparse file, its size the volume's
-//	volumes/<id>.json  the volume's record; the volume exists once it does
-//	staged/<id>.json   the loop device the volume is staged on
+//	volumes/<id>.img          the volume: a sparse file, its size the volume's
+//	volumes/<id>.json         the volume's record; the volume exists once it does
+//	staged/<node>/<id>.json   the loop device the volume is staged on, on node
+//	lock                      what every node's driver locks while it changes state
 //
-// A record is written to a temporary file and renamed over, so a crash
-// leaves the old record or the new, never half of one.
+// The drivers of all nodes may share the directory, nodes of one machine
+// as the test cluster's are: they see the same volumes, each stages them
+// on loop devices of its own, and a volume is grown for all of them at
+// once. A record is written to a temporary file and renamed over, so a
+// crash leaves the old record or the new, never half of one.
 
 // volumeRecord is what CreateVolume keeps besides the file.
 type volumeRecord struct {
@@ -85,18 +91,35 @@ func validID(id string) bool {
 	return len(id) <= maxIDLength && safeID.MatchString(id)
 }
 
-// state is the state directory.
+// state is the state directory, as node sees it.
 type state struct {
-	dir string
+	dir, node string
 }
 
-func newState(dir string) (*state, error) {
-	for _, sub := range []string{"volumes", "staged"} {
+func newState(dir, node string) (*state, error) {
+	if !validID(node) {
+		return nil, fmt.Errorf("node ID %q cannot name a directory", node)
+	}
+	for _, sub := range []string{"volumes", filepath.Join("staged", node)} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
 			return nil, fmt.Errorf("state directory: %w", err)
 		}
 	}
-	return &state{dir: dir}, nil
+	return &state{dir: dir, node: node}, nil
+}
+
+// lock takes the directory's lock, waiting for the driver of another node
+// that holds it, and returns its release.
+func (s *state) lock() (func(), error) {
+	f, err := os.OpenFile(filepath.Join(s.dir, "lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock the state directory: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock the state directory: %w", err)
+	}
+	return func() { f.Close() }, nil
 }
 
 func (s *state) backingFile(id string) string {
@@ -108,7 +131,7 @@ func (s *state) volumeRecordPath(id string) string {
 }
 
 func (s *state) stageRecordPath(id string) string {
-	return filepath.Join(s.dir, "staged", id+".json")
+	return filepath.Join(s.dir, "staged", s.node, id+".json")
 }
 
 // volume returns the record of volume id, or nil when there is no such
@@ -172,13 +195,23 @@ func (s *state) grow(id string, size int64) error {
 }
 
 // remove deletes volume id: the record first, so that a crash leaves at
-// most a file that no volume names.
+// most a file that no volume names; then the file and what every node
+// recorded of staging it.
 func (s *state) remove(id string) error {
 	if err := os.Remove(s.volumeRecordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
 	if err := os.Remove(s.backingFile(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("delete volume %s: %w", id, err)
+	}
+	records, err := filepath.Glob(filepath.Join(s.dir, "staged", "*", id+".json"))
+	if err != nil {
+		return fmt.Errorf("delete volume %s: %w", id, err)
+	}
+	for _, rec := range records {
+		if err := os.Remove(rec); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("delete volume %s: %w", id, err)
+		}
 	}
 	return nil
 }
@@ -201,6 +234,30 @@ func (s *state) clearStaged(id string) error {
 		return fmt.Errorf("volume %s: %w", id, err)
 	}
 	return nil
+}
+
+// stagedElsewhere returns the records of the other nodes that staged
+// volume id.
+func (s *state) stagedElsewhere(id string) ([]*stageRecord, error) {
+	nodes, err := os.ReadDir(filepath.Join(s.dir, "staged"))
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: %w", id, err)
+	}
+	var recs []*stageRecord
+	for _, node := range nodes {
+		if !node.IsDir() || node.Name() == s.node {
+			continue
+		}
+		rec := &stageRecord{}
+		ok, err := readRecord(filepath.Join(s.dir, "staged", node.Name(), id+".json"), rec)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			recs = append(recs, rec)
+		}
+	}
+	return recs, nil
 }
 
 // readRecord reads a JSON record; false when there is none.

@@ -39,12 +39,17 @@ import (
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 )
 
-// startDriver runs the driver on the kernel's loop devices and mounts,
-// its state under dir; what it attached or mounted under dir must be gone
-// when the spec ends.
+// startDriver runs the driver of node-a on the kernel's loop devices and
+// mounts, its state under dir; what it attached or mounted under dir must
+// be gone when the spec ends.
 func startDriver(dir, socket string, growStaged bool) *csilooptest.Driver {
+	return startNodeDriver(dir, socket, "node-a", growStaged)
+}
+
+// startNodeDriver is startDriver for the named node.
+func startNodeDriver(dir, socket, node string, growStaged bool) *csilooptest.Driver {
 	d, err := csilooptest.Start(csiloop.Config{
-		NodeID: "node-a", StateDir: filepath.Join(dir, "state"), GrowStagedOnExpand: growStaged,
+		NodeID: node, StateDir: filepath.Join(dir, "state"), GrowStagedOnExpand: growStaged,
 		Logger: GinkgoLogr,
 	}, socket)
 	Expect(err).ToNot(HaveOccurred())
@@ -150,9 +155,10 @@ var _ = Describe("A Block volume on a loop device", func() {
 	It("is published as its loop device, written through it, grown while in use and torn down", func(ctx context.Context) {
 		start(ctx, false)
 		Expect(stage(ctx, d)).To(Succeed())
-		dev, err := blockdev.FindLoop(backing())
+		devs, err := blockdev.FindLoops(backing())
 		Expect(err).ToNot(HaveOccurred())
-		Expect(dev).ToNot(BeEmpty())
+		Expect(devs).To(HaveLen(1))
+		dev := devs[0]
 		Expect(publish(ctx, d)).To(Succeed())
 		Expect(publish(ctx, d)).To(Succeed(), "again")
 		Expect(mountsUnder(dir)).To(ConsistOf(target), "one mount however often published")
@@ -196,7 +202,7 @@ var _ = Describe("A Block volume on a loop device", func() {
 		for range 2 {
 			Expect(unstage(ctx, d)).To(Succeed())
 		}
-		Expect(blockdev.FindLoop(backing())).To(BeEmpty())
+		Expect(blockdev.FindLoops(backing())).To(BeEmpty())
 		for range 2 {
 			_, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
 			Expect(err).ToNot(HaveOccurred())
@@ -227,7 +233,7 @@ var _ = Describe("A Block volume on a loop device", func() {
 		start(ctx, true)
 		Expect(stage(ctx, d)).To(Succeed())
 		Expect(publish(ctx, d)).To(Succeed())
-		dev, err := blockdev.FindLoop(backing())
+		devs, err := blockdev.FindLoops(backing())
 		Expect(err).ToNot(HaveOccurred())
 		Expect(d.Stop()).To(Succeed())
 
@@ -235,11 +241,11 @@ var _ = Describe("A Block volume on a loop device", func() {
 		DeferCleanup(again.Stop)
 		Expect(stage(ctx, again)).To(Succeed())
 		Expect(publish(ctx, again)).To(Succeed())
-		Expect(blockdev.FindLoop(backing())).To(Equal(dev), "the same device")
+		Expect(blockdev.FindLoops(backing())).To(Equal(devs), "the same device")
 		Expect(mountsUnder(dir)).To(ConsistOf(target), "the same mount")
 		Expect(unpublish(ctx, again)).To(Succeed())
 		Expect(unstage(ctx, again)).To(Succeed())
-		Expect(blockdev.FindLoop(backing())).To(BeEmpty())
+		Expect(blockdev.FindLoops(backing())).To(BeEmpty())
 	})
 
 	It("adopts the device a crash left unrecorded, rather than attaching a second", func(ctx context.Context) {
@@ -255,8 +261,10 @@ var _ = Describe("A Block volume on a loop device", func() {
 	It("never detaches a loop device that is not the volume's", func(ctx context.Context) {
 		start(ctx, true)
 		Expect(stage(ctx, d)).To(Succeed())
-		ours, err := blockdev.FindLoop(backing())
+		devs, err := blockdev.FindLoops(backing())
 		Expect(err).ToNot(HaveOccurred())
+		Expect(devs).To(HaveLen(1))
+		ours := devs[0]
 
 		By("detaching the volume's device behind the driver's back; another file takes a device, likely the same")
 		Expect(blockdev.DetachLoop(ours)).To(Succeed())
@@ -266,7 +274,7 @@ var _ = Describe("A Block volume on a loop device", func() {
 		foreign, err := blockdev.AttachLoop(other, false)
 		Expect(err).ToNot(HaveOccurred())
 		DeferCleanup(blockdev.DetachLoop, foreign)
-		Expect(os.WriteFile(filepath.Join(dir, "state", "staged", id+".json"),
+		Expect(os.WriteFile(filepath.Join(dir, "state", "staged", "node-a", id+".json"),
 			[]byte(`{"device":"`+foreign+`"}`), 0o600)).To(Succeed())
 
 		_, err = d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
@@ -275,5 +283,86 @@ var _ = Describe("A Block volume on a loop device", func() {
 		Expect(status.Code(err)).To(Equal(codes.FailedPrecondition))
 		Expect(unstage(ctx, d)).To(Succeed())
 		Expect(blockdev.LoopBacks(foreign, other)).To(BeTrue(), "still bound to its own file")
+	})
+})
+
+// Two nodes of one machine whose drivers share the state directory, as the
+// test cluster's nodes do: a ReadWriteMany volume is staged on a loop
+// device of each, what one writes the other reads, and a growth reaches
+// both devices at once.
+var _ = Describe("A ReadWriteMany Block volume on two nodes of one machine", func() {
+	It("is staged on a device per node, grown on both, and torn down node by node", func(ctx context.Context) {
+		dir := GinkgoT().TempDir()
+		a := startNodeDriver(dir, filepath.Join(dir, "a.sock"), "node-a", true)
+		DeferCleanup(a.Stop)
+		b := startNodeDriver(dir, filepath.Join(dir, "b.sock"), "node-b", true)
+		DeferCleanup(b.Stop)
+		shared := csilooptest.Block(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)
+		resp, err := a.CreateVolume(ctx, &csi.CreateVolumeRequest{
+			Name: "pvc-rwx", CapacityRange: &csi.CapacityRange{RequiredBytes: 16 * mib},
+			VolumeCapabilities: []*csi.VolumeCapability{shared},
+		})
+		Expect(err).ToNot(HaveOccurred())
+		id := resp.GetVolume().GetVolumeId()
+		backing := filepath.Join(dir, "state", "volumes", id+".img")
+		device := map[*csilooptest.Driver]string{}
+		for node, d := range map[string]*csilooptest.Driver{"a": a, "b": b} {
+			staging := filepath.Join(dir, node, "staging")
+			Expect(os.MkdirAll(staging, 0o750)).To(Succeed())
+			for range 2 {
+				_, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: shared})
+				Expect(err).ToNot(HaveOccurred())
+			}
+			target := filepath.Join(dir, node, "publish")
+			_, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
+				VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: shared,
+			})
+			Expect(err).ToNot(HaveOccurred())
+			device[d] = target
+		}
+		Expect(blockdev.FindLoops(backing)).To(HaveLen(2), "a device per node")
+
+		By("reading on one node what the other wrote")
+		pattern := bytes.Repeat([]byte("two nodes "), 4096/10+1)[:4096]
+		w, err := os.OpenFile(device[a], os.O_WRONLY, 0)
+		Expect(err).ToNot(HaveOccurred())
+		_, err = w.WriteAt(pattern, 4*mib)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(w.Sync()).To(Succeed())
+		Expect(w.Close()).To(Succeed())
+		r, err := os.Open(device[b])
+		Expect(err).ToNot(HaveOccurred())
+		data := make([]byte, len(pattern))
+		_, err = r.ReadAt(data, 4*mib)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(r.Close()).To(Succeed())
+		Expect(data).To(Equal(pattern))
+
+		By("growing it through one node's controller: both devices take the size")
+		_, err = b.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{
+			VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: 40 * mib}, VolumeCapability: shared,
+		})
+		Expect(err).ToNot(HaveOccurred())
+		Expect(sizeOf(device[a])).To(Equal(40 * mib))
+		Expect(sizeOf(device[b])).To(Equal(40 * mib))
+
+		By("tearing it down on one node, the other keeping its device")
+		_, err = b.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: device[b]})
+		Expect(err).ToNot(HaveOccurred())
+		_, err = b.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: filepath.Join(dir, "b", "staging")})
+		Expect(err).ToNot(HaveOccurred())
+		Expect(blockdev.FindLoops(backing)).To(HaveLen(1))
+		Expect(sizeOf(device[a])).To(Equal(40*mib), "node-a's device still published")
+		_, err = b.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		Expect(status.Code(err)).To(Equal(codes.FailedPrecondition), "staged on node-a")
+
+		_, err = a.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: device[a]})
+		Expect(err).ToNot(HaveOccurred())
+		_, err = a.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: filepath.Join(dir, "a", "staging")})
+		Expect(err).ToNot(HaveOccurred())
+		Expect(blockdev.FindLoops(backing)).To(BeEmpty())
+		_, err = b.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		Expect(err).ToNot(HaveOccurred())
+		Expect(filepath.Glob(filepath.Join(dir, "state", "staged", "*", id+".json"))).To(BeEmpty(), "no node's record left")
 	})
 })

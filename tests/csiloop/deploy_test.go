@@ -117,7 +117,7 @@ var _ = Describe("deploy/csi-loop", Ordered, func() {
 		for _, name := range []string{"csi-provisioner", "csi-resizer"} {
 			sidecar := containers[name]
 			Expect(flags(sidecar.Args)).To(HaveKeyWithValue("--csi-address", "/csi/csi.sock"), name)
-			Expect(flags(sidecar.Args)).To(HaveKeyWithValue("--leader-election", "false"), name)
+			Expect(sidecar.Args).To(ContainElement("--leader-election"), "%s: one node's act for all", name)
 			Expect(sidecar.VolumeMounts).To(ConsistOf(HaveField("MountPath", "/csi")), name)
 			Expect(hostPaths[sidecar.VolumeMounts[0].Name]).To(Equal(filepath.Dir(endpoint)), "%s reaches the driver's socket", name)
 		}
@@ -140,6 +140,13 @@ var _ = Describe("deploy/csi-loop", Ordered, func() {
 		Entry("read VolumeAttributesClasses", "storage.k8s.io", "volumeattributesclasses", "get", "list", "watch"),
 	)
 
+	It("lets the sidecars elect a leader in the driver's namespace only", func() {
+		for _, verb := range []string{"get", "watch", "list", "delete", "update", "create"} {
+			Expect(framework.Allowed(ctx, c, sidecarUser, "csi-loop", "coordination.k8s.io", "leases", verb)).To(BeTrue(), verb)
+		}
+		Expect(framework.Allowed(ctx, c, sidecarUser, "kube-system", "coordination.k8s.io", "leases", "create")).To(BeFalse())
+	})
+
 	DescribeTable("allows nothing more",
 		func(group, resource, verb string) {
 			Expect(framework.Allowed(ctx, c, sidecarUser, "", group, resource, verb)).To(BeFalse(), "%s %s.%s", verb, resource, group)
@@ -147,7 +154,6 @@ var _ = Describe("deploy/csi-loop", Ordered, func() {
 		Entry("read secrets", "", "secrets", "get"),
 		Entry("delete claims", "", "persistentvolumeclaims", "delete"),
 		Entry("change StorageClasses", "storage.k8s.io", "storageclasses", "update"),
-		Entry("take leases (no leader election)", "coordination.k8s.io", "leases", "create"),
 		Entry("change pods", "", "pods", "delete"),
 	)
 
@@ -171,7 +177,7 @@ var _ = Describe("deploy/csi-loop", Ordered, func() {
 		Expect(os.WriteFile(kubeconfigPath, kubeconfig, 0o600)).To(Succeed())
 		for _, name := range []string{"csi-provisioner", "csi-resizer"} {
 			startSidecar(filepath.Join(sidecars, name), "--csi-address="+d.Socket, "--kubeconfig="+kubeconfigPath,
-				"--leader-election=false", "--v=2")
+				"--leader-election", "--leader-election-namespace=csi-loop", "--v=2")
 		}
 
 		Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "vms"}})).To(Succeed())

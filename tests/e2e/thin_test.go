@@ -37,8 +37,9 @@ import (
 // external-provisioner and external-resizer drive it.
 const csiLoopDriver = "loop.csi.kubevirt-qcow2.io"
 
-// deployCSILoop imports the driver's and sidecars' images into the node and
-// applies deploy/csi-loop as docs/testing.md says, once per cluster.
+// deployCSILoop imports the driver's and sidecars' images into the nodes
+// and applies deploy/csi-loop as docs/testing.md says, waiting until every
+// node's kubelet registered the driver.
 func deployCSILoop(ctx context.Context) {
 	var archives []string
 	for _, image := range []string{"csi-loop", "csi-provisioner", "csi-resizer"} {
@@ -48,20 +49,30 @@ func deployCSILoop(ctx context.Context) {
 	Expect(kubectl(ctx, "apply", "-k", filepath.Join(testenv.RepoRoot(), "deploy", "csi-loop"))).Error().ToNot(HaveOccurred())
 	Expect(kubectl(ctx, "-n", "csi-loop", "rollout", "status", "daemonset/csi-loop", "--timeout=3m")).Error().ToNot(HaveOccurred())
 	Eventually(func(g Gomega) {
-		out, err := kubectl(ctx, "get", "csinode", nodeName, "-o", "jsonpath={.spec.drivers[*].name}")
-		g.Expect(err).ToNot(HaveOccurred())
-		g.Expect(strings.Fields(out)).To(ContainElement(csiLoopDriver), "kubelet registered the driver")
+		for _, node := range clusterNodes() {
+			out, err := kubectl(ctx, "get", "csinode", node, "-o", "jsonpath={.spec.drivers[*].name}")
+			g.Expect(err).ToNot(HaveOccurred())
+			g.Expect(strings.Fields(out)).To(ContainElement(csiLoopDriver), "the kubelet of %s registered the driver", node)
+		}
 	}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
 }
 
 // csiLoopVolume is the file on this machine that holds a csi-loop claim's
-// volume: the driver keeps it under the node's /var/lib, an overlay whose
-// upper directory is the cluster's.
+// volume: the driver keeps it in the nodes' /var/lib/csi-loop, the
+// cluster's directory hack/cluster.sh shares among them.
 func csiLoopVolume(ctx context.Context, claim string) string {
 	handle, err := kubectl(ctx, "get", "pv", boundVolume(ctx, claim), "-o", "jsonpath={.spec.csi.volumeHandle}")
 	Expect(err).ToNot(HaveOccurred())
 	Expect(handle).ToNot(BeEmpty())
-	return filepath.Join(clusterDir, "varlib", "upper", "csi-loop", "volumes", handle+".img")
+	return filepath.Join(clusterDir, "csi-loop", "volumes", handle+".img")
+}
+
+// waitUnstaged waits until no node has the csi-loop volume staged.
+func waitUnstaged(ctx context.Context, volume string) {
+	records := filepath.Join(filepath.Dir(filepath.Dir(volume)), "staged", "*", strings.TrimSuffix(filepath.Base(volume), ".img")+".json")
+	Eventually(func() ([]string, error) {
+		return filepath.Glob(records)
+	}).WithContext(ctx).WithTimeout(2*time.Minute).Should(BeEmpty(), "kubelet unstaged the volume on every node")
 }
 
 func boundVolume(ctx context.Context, claim string) string {
@@ -120,16 +131,21 @@ func pausedReason(ctx context.Context, vm string) (string, error) {
 // thinClaim makes a Block-mode claim of size bytes on the csi-loop driver,
 // which the external-resizer grows.
 func thinClaim(ctx context.Context, name string, size int64) {
+	thinClaimWithAccess(ctx, name, size, "ReadWriteOnce")
+}
+
+// thinClaimWithAccess is thinClaim with the given access mode.
+func thinClaimWithAccess(ctx context.Context, name string, size int64, accessMode string) {
 	Expect(apply(ctx, fmt.Sprintf(`
 apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {name: %s, namespace: %s}
 spec:
-  accessModes: [ReadWriteOnce]
+  accessModes: [%s]
   volumeMode: Block
   storageClassName: csi-loop
   resources: {requests: {storage: %d}}
-`, name, namespace, size))).To(Succeed())
+`, name, namespace, accessMode, size))).To(Succeed())
 }
 
 var _ = Describe("thin volumes grown by a real CSI resizer", Ordered, Label(linuxGuestLabel), func() {
@@ -167,8 +183,7 @@ overlay:
 		Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
 		waitVMIGone(ctx, vm)
 		volume := csiLoopVolume(ctx, target)
-		staged := filepath.Join(filepath.Dir(filepath.Dir(volume)), "staged", strings.TrimSuffix(filepath.Base(volume), ".img")+".json")
-		Eventually(staged).WithContext(ctx).WithTimeout(2*time.Minute).ShouldNot(BeAnExistingFile(), "kubelet unstaged the volume")
+		waitUnstaged(ctx, volume)
 
 		check := checkImage(ctx, volume)
 		Expect(check.Clean()).To(BeTrue(), "qemu-img check of the thin overlay: %+v", check)

@@ -196,16 +196,17 @@ func (f *FakeLoops) backs(dev, file string) bool {
 	return errA == nil && errB == nil && os.SameFile(a, b)
 }
 
-// Find returns the first device bound to file.
-func (f *FakeLoops) Find(file string) (string, error) {
+// Find returns the devices bound to file.
+func (f *FakeLoops) Find(file string) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var devs []string
 	for _, dev := range f.devices() {
 		if f.backs(dev, file) {
-			return dev, nil
+			devs = append(devs, dev)
 		}
 	}
-	return "", nil
+	return devs, nil
 }
 
 // RefreshCapacity takes the bound file's size.
