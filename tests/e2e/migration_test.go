@@ -332,6 +332,62 @@ overlay:
 		Entry("a Block claim", "migrate-persistent-block", rwxBlock),
 	)
 
+	// A thin overlay on a ReadWriteMany Block claim of csi-loop, both nodes
+	// staging it on a loop device of their own: each boot writes 20 MiB
+	// onto a claim that starts at 8 MiB, across a migration, so the claim
+	// grows on either node and while both have it. The target's
+	// virt-launcher arms its own write threshold: QEMU's is not migrated.
+	It("moves a VM on a thin overlay on a ReadWriteMany Block claim, the claim growing wherever it runs, while its guest writes", func(ctx SpecContext) {
+		const vm, target, initial = "migrate-thin", "migrate-thin-target", 8 << 20
+		goldenOnce(ctx)
+		deployCSILoop(ctx)
+		thinClaimWithAccess(ctx, target, initial, "ReadWriteMany")
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(kubectl(ctx, "-n", namespace, "delete", "pvc", target, "--ignore-not-found", "--wait=true")).Error().ToNot(HaveOccurred())
+		})
+		Expect(apply(ctx, linuxVMYAML(vm, "Always", "pieces=10,kib=2048,pause=2,reboots=2", fmt.Sprintf(`
+overlay:
+  backingPVC: {claimName: golden-migrate}
+  persistent: true
+  targetPVC: {claimName: %s}
+  thinProvisioning: {chunkSize: 8Mi, freeThreshold: 4Mi}`, target)))).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { deleteVM(ctx, vm) })
+		waitVMIReady(ctx, vm)
+		waitLiveMigratable(ctx, vm)
+
+		source := vmiNode(ctx, vm)
+		for boot := 1; boot <= 2; boot++ {
+			state := migrateWhileWriting(ctx, vm, boot, "LiveMigration")
+			if boot == 1 {
+				Expect(state.sourceNode).To(Equal(source))
+			} else {
+				Expect(state.targetNode).To(Equal(source), "back")
+			}
+			Eventually(func() (string, error) {
+				return virsh(ctx, vm, "domstats", "--block", namespace+"_"+vm)
+			}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).Should(MatchRegexp(`block\.\d+\.threshold=[1-9]`),
+				"a write threshold armed on %s", state.targetNode)
+		}
+		final := waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return s.Boot == 3 && s.Done })
+		Expect(final.Consistent()).To(BeTrue(), "%+v", final)
+		Expect(final.Listed).To(Equal(2*piecesPerBoot), "%+v", final)
+		Expect(pausedReason(ctx, vm)).To(BeEmpty(), "the VMI runs on")
+		Expect(vmiEvents(ctx, vm, "FailedThinVolumeExpansion")).To(BeEmpty())
+		request, _ := claimSizes(ctx, target)
+		Expect(request).To(BeNumerically(">", int64(2*piecesPerBoot)*(2<<20)), "virt-controller raised the request past what the guest wrote")
+
+		Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
+		waitVMIGone(ctx, vm)
+		volume := csiLoopVolume(ctx, target)
+		waitUnstaged(ctx, volume)
+		check := checkImage(ctx, volume)
+		Expect(check.Clean()).To(BeTrue(), "qemu-img check of the thin overlay: %+v", check)
+		device, err := os.Stat(volume)
+		Expect(err).ToNot(HaveOccurred())
+		Expect(check.ImageEndOffset).To(BeNumerically("<=", device.Size()), "the overlay fits on its device")
+		Expect(testenv.SHA256(golden)).To(Equal(goldenSHA), "the golden image")
+	})
+
 	It("keeps a VM over a ReadWriteOnce backing on its node, saying why", func(ctx SpecContext) {
 		const vm = "migrate-rwo"
 		goldenOnce(ctx)
