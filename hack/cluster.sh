@@ -486,14 +486,24 @@ make_cgroups() {
 # Loop devices whose backing files live in the cluster's directory, or in
 # the node's /var/lib overlay, whose device number the node recorded.
 remove_loop_devices() {
-	local line dev overlay=""
+	local line overlay=""
 	if [[ -s ${NODE_DIR}/varlib.dev ]]; then
 		overlay=$(printf '[%04x]:' "0x$(<"${NODE_DIR}/varlib.dev")")
 	fi
 	while IFS= read -r line; do
-		dev=${line%%:*}
-		losetup -d "${dev}" 2>/dev/null || true
+		remove_loop_device "${line%%:*}"
 	done < <(losetup -a | grep -F -e "(${CLUSTER_DIR}/" ${overlay:+-e ": ${overlay}"} || true)
+}
+
+# remove_loop_device detaches a loop device, and first the loop devices
+# over it: kubelet locks a Block volume it maps to a pod with one, which a
+# kubelet stopped before it unmapped leaves holding the device open.
+remove_loop_device() {
+	local dev=$1 line
+	while IFS= read -r line; do
+		losetup -d "${line%%:*}" 2>/dev/null || true
+	done < <(losetup -j "${dev}" 2>/dev/null || true)
+	losetup -d "${dev}" 2>/dev/null || true
 }
 
 # Loop devices over the files of the nodes' shared storage, whichever node
@@ -503,7 +513,7 @@ remove_shared_loop_devices() {
 	for file in "${SHARED_STORAGE}"/volumes/*; do
 		[[ -f ${file} ]] || continue
 		while IFS= read -r line; do
-			losetup -d "${line%%:*}" 2>/dev/null || true
+			remove_loop_device "${line%%:*}"
 		done < <(losetup -j "${file}" || true)
 	done
 }
