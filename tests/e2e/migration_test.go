@@ -236,6 +236,7 @@ var _ = Describe("live migration between two nodes", Ordered, Label(twoNodesLabe
 		status := waitLinuxGuest(ctx, vm, func(s testenv.LinuxGuestStatus) bool { return s.Boot == boot && len(s.Published) >= 2 })
 		Expect(status.Consistent()).To(BeTrue(), "%+v", status)
 		Expect(status.Done).To(BeFalse(), "the guest stopped writing before the migration: %+v", status)
+		waitLiveMigratable(ctx, vm)
 		state := migrate(ctx, vm)
 		migratedAway(ctx, vm, state, method)
 		return state
@@ -337,21 +338,36 @@ overlay:
 	// onto a claim that starts at 8 MiB, across a migration, so the claim
 	// grows on either node and while both have it. The target's
 	// virt-launcher arms its own write threshold: QEMU's is not migrated.
+	// First a quota holds the claim at 8 MiB: the VMI pauses on the full
+	// volume and cannot migrate, saying why, until the claim grows.
 	It("moves a VM on a thin overlay on a ReadWriteMany Block claim, the claim growing wherever it runs, while its guest writes", func(ctx SpecContext) {
-		const vm, target, initial = "migrate-thin", "migrate-thin-target", 8 << 20
+		const vm, target, initial, quota = "migrate-thin", "migrate-thin-target", 8 << 20, "migrate-thin-hold"
 		goldenOnce(ctx)
 		deployCSILoop(ctx)
+		holdThinClaims(ctx, quota, initial)
 		thinClaimWithAccess(ctx, target, initial, "ReadWriteMany")
 		DeferCleanup(func(ctx SpecContext) {
 			Expect(kubectl(ctx, "-n", namespace, "delete", "pvc", target, "--ignore-not-found", "--wait=true")).Error().ToNot(HaveOccurred())
 		})
-		Expect(apply(ctx, linuxVMYAML(vm, "Always", "pieces=10,kib=2048,pause=2,reboots=2", fmt.Sprintf(`
+		Expect(apply(ctx, linuxVMYAML(vm, "Always", "pieces=10,kib=2048,pause=3,reboots=2", fmt.Sprintf(`
 overlay:
   backingPVC: {claimName: golden-migrate}
   persistent: true
   targetPVC: {claimName: %s}
-  thinProvisioning: {chunkSize: 8Mi, freeThreshold: 4Mi}`, target)))).To(Succeed())
+  thinProvisioning: {chunkSize: 16Mi, freeThreshold: 8Mi}`, target)))).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) { deleteVM(ctx, vm) })
+		waitVMIRunning(ctx, vm)
+
+		By("keeping the VMI on its node while it is paused on the full volume")
+		Eventually(pausedReason).WithContext(ctx).WithArguments(vm).WithTimeout(startTimeout).WithPolling(time.Second).
+			Should(Equal("PausedThinVolumeFull"))
+		const why = "thin provisioned overlay volume rootdisk is full and the VMI is paused until its target claim grows, it can migrate once it resumes"
+		Eventually(func() (string, error) {
+			return kubectl(ctx, "-n", namespace, "get", "vmi", vm, "-o",
+				`jsonpath={.status.conditions[?(@.type=="LiveMigratable")].status}: {.status.conditions[?(@.type=="LiveMigratable")].message}`)
+		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).Should(Equal("False: cannot migrate VMI: " + why))
+		Expect(virtctl(ctx, "-n", namespace, "migrate", vm)).Error().To(MatchError(ContainSubstring(why)))
+		Expect(kubectl(ctx, "-n", namespace, "delete", "resourcequota", quota)).Error().ToNot(HaveOccurred())
 		waitVMIReady(ctx, vm)
 		waitLiveMigratable(ctx, vm)
 
@@ -372,7 +388,6 @@ overlay:
 		Expect(final.Consistent()).To(BeTrue(), "%+v", final)
 		Expect(final.Listed).To(Equal(2*piecesPerBoot), "%+v", final)
 		Expect(pausedReason(ctx, vm)).To(BeEmpty(), "the VMI runs on")
-		Expect(vmiEvents(ctx, vm, "FailedThinVolumeExpansion")).To(BeEmpty())
 		request, _ := claimSizes(ctx, target)
 		Expect(request).To(BeNumerically(">", int64(2*piecesPerBoot)*(2<<20)), "virt-controller raised the request past what the guest wrote")
 

@@ -148,6 +148,30 @@ spec:
 `, name, namespace, accessMode, size))).To(Succeed())
 }
 
+// holdThinClaims sets the ResourceQuota quota on the namespace's csi-loop
+// claims: their requests may add up to what they request now (other
+// specs' claims count too) and more bytes, until the spec ends or the
+// quota is deleted.
+func holdThinClaims(ctx context.Context, quota string, more int64) {
+	out, err := kubectl(ctx, "-n", namespace, "get", "pvc", "-o",
+		`jsonpath={.items[?(@.spec.storageClassName=="csi-loop")].spec.resources.requests.storage}`)
+	Expect(err).ToNot(HaveOccurred())
+	used := int64(0)
+	for _, q := range strings.Fields(out) {
+		used += quantityBytes(q)
+	}
+	Expect(apply(ctx, fmt.Sprintf(`
+apiVersion: v1
+kind: ResourceQuota
+metadata: {name: %s, namespace: %s}
+spec:
+  hard: {csi-loop.storageclass.storage.k8s.io/requests.storage: "%d"}
+`, quota, namespace, used+more))).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		Expect(kubectl(ctx, "-n", namespace, "delete", "resourcequota", quota, "--ignore-not-found")).Error().ToNot(HaveOccurred())
+	})
+}
+
 var _ = Describe("thin volumes grown by a real CSI resizer", Ordered, Label(linuxGuestLabel), func() {
 	const (
 		golden  = "thin-golden"
@@ -261,24 +285,7 @@ overlay:
 		goldenSHA, err := testenv.SHA256(goldenImage)
 		Expect(err).ToNot(HaveOccurred())
 		// The claim may grow once, to two chunks; the guest needs five.
-		// Claims of other specs on the class count too.
-		out, err := kubectl(ctx, "-n", namespace, "get", "pvc", "-o",
-			`jsonpath={.items[?(@.spec.storageClassName=="csi-loop")].spec.resources.requests.storage}`)
-		Expect(err).ToNot(HaveOccurred())
-		used := int64(0)
-		for _, q := range strings.Fields(out) {
-			used += quantityBytes(q)
-		}
-		Expect(apply(ctx, fmt.Sprintf(`
-apiVersion: v1
-kind: ResourceQuota
-metadata: {name: %s, namespace: %s}
-spec:
-  hard: {csi-loop.storageclass.storage.k8s.io/requests.storage: "%d"}
-`, quota, namespace, used+2*initial))).To(Succeed())
-		DeferCleanup(func(ctx SpecContext) {
-			Expect(kubectl(ctx, "-n", namespace, "delete", "resourcequota", quota, "--ignore-not-found")).Error().ToNot(HaveOccurred())
-		})
+		holdThinClaims(ctx, quota, 2*initial)
 		thinClaim(ctx, target, initial)
 		Expect(apply(ctx, thinVM(vm, target))).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
