@@ -391,16 +391,7 @@ overlay:
 		request, _ := claimSizes(ctx, target)
 		Expect(request).To(BeNumerically(">", int64(2*piecesPerBoot)*(2<<20)), "virt-controller raised the request past what the guest wrote")
 
-		Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
-		waitVMIGone(ctx, vm)
-		volume := csiLoopVolume(ctx, target)
-		waitUnstaged(ctx, volume)
-		check := checkImage(ctx, volume)
-		Expect(check.Clean()).To(BeTrue(), "qemu-img check of the thin overlay: %+v", check)
-		device, err := os.Stat(volume)
-		Expect(err).ToNot(HaveOccurred())
-		Expect(check.ImageEndOffset).To(BeNumerically("<=", device.Size()), "the overlay fits on its device")
-		Expect(testenv.SHA256(golden)).To(Equal(goldenSHA), "the golden image")
+		stopThinVM(ctx, vm, target, golden, goldenSHA)
 	})
 
 	It("keeps a VM over a ReadWriteOnce backing on its node, saying why", func(ctx SpecContext) {

@@ -67,12 +67,27 @@ func csiLoopVolume(ctx context.Context, claim string) string {
 	return filepath.Join(clusterDir, "csi-loop", "volumes", handle+".img")
 }
 
-// waitUnstaged waits until no node has the csi-loop volume staged.
-func waitUnstaged(ctx context.Context, volume string) {
+// stopThinVM stops the VM and checks, once every node's kubelet unstaged
+// its csi-loop target claim, that the thin overlay on it is a clean qcow2
+// image that fits on its device, and that the golden image is unchanged.
+func stopThinVM(ctx context.Context, vm, target, golden, goldenSHA string) {
+	GinkgoHelper()
+	Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
+	waitVMIGone(ctx, vm)
+	volume := csiLoopVolume(ctx, target)
 	records := filepath.Join(filepath.Dir(filepath.Dir(volume)), "staged", "*", strings.TrimSuffix(filepath.Base(volume), ".img")+".json")
 	Eventually(func() ([]string, error) {
 		return filepath.Glob(records)
 	}).WithContext(ctx).WithTimeout(2*time.Minute).Should(BeEmpty(), "kubelet unstaged the volume on every node")
+
+	check := checkImage(ctx, volume)
+	Expect(check.Clean()).To(BeTrue(), "qemu-img check of the thin overlay: %+v", check)
+	// The device itself, not the claim's status: a resize still in flight
+	// when the VM stopped has grown the one but not the other.
+	device, err := os.Stat(volume)
+	Expect(err).ToNot(HaveOccurred())
+	Expect(check.ImageEndOffset).To(BeNumerically("<=", device.Size()), "the overlay fits on its device")
+	Expect(testenv.SHA256(golden)).To(Equal(goldenSHA), "the golden image changed")
 }
 
 func boundVolume(ctx context.Context, claim string) string {
@@ -199,25 +214,10 @@ overlay:
   thinProvisioning: {chunkSize: 8Mi, freeThreshold: 4Mi}`, golden, target))
 	}
 
-	// verifyStopped stops the VM and checks, once the driver released the
-	// volume, that the overlay is a clean qcow2 image that fits on its
-	// device and the golden image is unchanged; then the guest's next boot
-	// reads back every piece it published.
+	// verifyStopped stops the VM, checks its overlay (stopThinVM), and has
+	// the guest's next boot read back every piece it published.
 	verifyStopped := func(ctx context.Context, vm, target, goldenSHA string, published int) {
-		Expect(virtctl(ctx, "-n", namespace, "stop", vm)).Error().ToNot(HaveOccurred())
-		waitVMIGone(ctx, vm)
-		volume := csiLoopVolume(ctx, target)
-		waitUnstaged(ctx, volume)
-
-		check := checkImage(ctx, volume)
-		Expect(check.Clean()).To(BeTrue(), "qemu-img check of the thin overlay: %+v", check)
-		// The device itself, not the claim's status: a resize still in
-		// flight when the VM stopped has grown the one but not the other.
-		device, err := os.Stat(volume)
-		Expect(err).ToNot(HaveOccurred())
-		Expect(check.ImageEndOffset).To(BeNumerically("<=", device.Size()), "the overlay fits on its device")
-		Expect(testenv.SHA256(goldenImage)).To(Equal(goldenSHA), "the golden image changed")
-
+		stopThinVM(ctx, vm, target, goldenImage, goldenSHA)
 		setGuestOrders(ctx, vm, "pieces=0")
 		Expect(virtctl(ctx, "-n", namespace, "start", vm)).Error().ToNot(HaveOccurred())
 		waitVMIReady(ctx, vm)
