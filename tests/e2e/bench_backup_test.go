@@ -87,8 +87,7 @@ var _ = Describe("backup of a running VM's disk", Label("bench", veleroLabel, li
 				change = guest + data
 				Expect(os.Truncate(image, change+2*benchChange)).To(Succeed())
 			})
-			Eventually(vmiStatus).WithContext(ctx).WithArguments(ns, vm).WithTimeout(startTimeout).
-				WithPolling(2 * time.Second).Should(Equal("Running True"))
+			waitVMIReadyIn(ctx, ns, vm)
 			Eventually(cbtState).WithContext(ctx).WithArguments(ns, vm).WithTimeout(time.Minute).Should(Equal("Enabled"))
 			// Its disk still from then on: the guest remounts it read-only.
 			waitLinuxDoneIn(ctx, ns, vm)

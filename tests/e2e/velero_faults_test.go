@@ -55,8 +55,7 @@ func backupFaults(setup func() *veleroSetup, ns, vm string) {
 	// next backs the VM up again, which must complete: full, incremental
 	// from the store's latest checkpoint, or either.
 	next := func(ctx context.Context, name, want string) {
-		Eventually(vmiStatus).WithContext(ctx).WithArguments(ns, vm).WithTimeout(startTimeout).
-			WithPolling(2 * time.Second).Should(Equal("Running True"))
+		waitVMIReadyIn(ctx, ns, vm)
 		Eventually(cbtState).WithContext(ctx).WithArguments(ns, vm).WithTimeout(time.Minute).Should(Equal("Enabled"))
 		start := time.Now()
 		out, err := v.velero(ctx, "backup", "create", name, "--include-namespaces", ns,
@@ -109,8 +108,7 @@ func backupFaults(setup func() *veleroSetup, ns, vm string) {
 		if out, _ := kubectl(ctx, "-n", ns, "get", "vm", vm, "--ignore-not-found", "-o", "name"); out == "" {
 			veleroVM(ctx, ns, vm, nil)
 		}
-		Eventually(vmiStatus).WithContext(ctx).WithArguments(ns, vm).WithTimeout(startTimeout).
-			WithPolling(2 * time.Second).Should(Equal("Running True"))
+		waitVMIReadyIn(ctx, ns, vm)
 		next(ctx, "fault-base", fullBackup)
 	}, NodeTimeout(10*time.Minute))
 

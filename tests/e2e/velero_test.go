@@ -359,13 +359,6 @@ func trackerCheckpoint(ctx context.Context, ns string) string {
 	return checkpoint
 }
 
-// vmiStatus is the VM's VMI's phase and Ready condition.
-func vmiStatus(ctx context.Context, ns, vm string) string {
-	out, _ := kubectl(ctx, "-n", ns, "get", "vmi", vm, "-o",
-		`jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].status}`)
-	return out
-}
-
 // restoredGuest checks that the Linux guest of a restored VM boots on the
 // disk of the backup: its second boot, reading back the pieces it had
 // published.
@@ -488,8 +481,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 
 	It("backs up a running VM with its DataUpload, full then incremental", func(ctx SpecContext) {
 		image = veleroVM(ctx, vmNamespace, vm, nil)
-		Eventually(vmiStatus).WithContext(ctx).WithArguments(vmNamespace, vm).WithTimeout(startTimeout).
-			WithPolling(2 * time.Second).Should(Equal("Running True"))
+		waitVMIReadyIn(ctx, vmNamespace, vm)
 		Eventually(cbtState).WithContext(ctx).WithArguments(vmNamespace, vm).WithTimeout(time.Minute).Should(Equal("Enabled"))
 		published = len(waitLinuxDoneIn(ctx, vmNamespace, vm).Published)
 
@@ -593,8 +585,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 			MatchRegexp(`PersistentVolumeClaim persistent-state-for-`+vm+`-\w+ not restored: KubeVirt's persistent state of the VM`)))
 
 		By("the VM running again on its restored claim")
-		Eventually(vmiStatus).WithContext(ctx).WithArguments(vmNamespace, vm).WithTimeout(startTimeout).
-			WithPolling(2 * time.Second).Should(Equal("Running True"))
+		waitVMIReadyIn(ctx, vmNamespace, vm)
 		pods, err := kubectl(ctx, "-n", vmNamespace, "get", "pods", "-l", "kubevirt.io=virt-launcher", "-o", "name")
 		Expect(err).ToNot(HaveOccurred())
 		Expect(strings.Fields(pods)).To(HaveLen(1), "one launcher pod, virt-controller's")
@@ -614,8 +605,7 @@ var _ = Describe("a real Velero with the kubevirt data mover", Ordered, Label(ve
 		Expect(err).ToNot(HaveOccurred())
 		GinkgoWriter.Println(out)
 		v.expectPhase(ctx, "restore", "vm-restore-copy")
-		Eventually(vmiStatus).WithContext(ctx).WithArguments(copyNamespace, vm).WithTimeout(startTimeout).
-			WithPolling(2 * time.Second).Should(Equal("Running True"))
+		waitVMIReadyIn(ctx, copyNamespace, vm)
 		restoredDisk(ctx, copyNamespace, vm, reference)
 		restoredGuest(ctx, copyNamespace, vm, published)
 		Expect(kubectl(ctx, "delete", "namespace", copyNamespace, "--wait=true", "--timeout=5m")).Error().ToNot(HaveOccurred())

@@ -115,13 +115,47 @@ func createServiceAccount(ctx context.Context, name string, clusterRoles ...stri
 }
 
 // waitVMIReady waits until the VM's VMI is Running and Ready.
-func waitVMIReady(ctx context.Context, name string) {
-	Eventually(func(g Gomega) {
-		out, err := kubectl(ctx, "-n", namespace, "get", "vmi", name, "-o",
-			`jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].status}`)
-		g.Expect(err).ToNot(HaveOccurred())
-		g.Expect(out).To(Equal("Running True"))
-	}).WithContext(ctx).WithTimeout(startTimeout).WithPolling(2 * time.Second).Should(Succeed())
+func waitVMIReady(ctx context.Context, name string) { waitVMIReadyIn(ctx, namespace, name) }
+
+// waitVMIReadyIn is waitVMIReady for a VM of namespace ns. A VM that does
+// not get there fails with what its VMI, pods and events say: CI's output
+// is all a failure on another machine leaves.
+func waitVMIReadyIn(ctx context.Context, ns, vm string) {
+	Eventually(vmiStatus).WithContext(ctx).WithArguments(ns, vm).WithTimeout(startTimeout).WithPolling(2*time.Second).
+		Should(Equal("Running True"), func() string { return vmState(ctx, ns, vm) })
+}
+
+// vmiStatus is the VM's VMI's phase and Ready condition.
+func vmiStatus(ctx context.Context, ns, vm string) string {
+	out, _ := kubectl(ctx, "-n", ns, "get", "vmi", vm, "-o",
+		`jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].status}`)
+	return out
+}
+
+// vmState says where a VM's start is: its VMI's phase and conditions, its
+// pods' phase, conditions and waiting containers, the nodes' conditions
+// and taints, and the namespace's last warnings.
+func vmState(ctx context.Context, ns, vm string) string {
+	var b strings.Builder
+	get := func(what string, args ...string) {
+		out, err := kubectl(ctx, append([]string{"-n", ns, "get"}, args...)...)
+		if err != nil {
+			out = err.Error()
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		fmt.Fprintf(&b, "\n%s: %s", what, strings.Join(lines[max(0, len(lines)-10):], "\n"))
+	}
+	get("VMI", "vmi", vm, "-o", `jsonpath={.status.phase}{range .status.conditions[*]}; {.type}={.status} {.reason} {.message}{end}`)
+	get("pods", "pods", "-l", "vm.kubevirt.io/name="+vm, "-o", `jsonpath={range .items[*]}{.metadata.name} {.status.phase}`+
+		`{range .status.conditions[?(@.status!="True")]}; {.type} {.reason} {.message}{end}`+
+		`{range .status.initContainerStatuses[*].state.waiting}; init waiting {.reason} {.message}{end}`+
+		`{range .status.containerStatuses[*].state.waiting}; waiting {.reason} {.message}{end}{"\n"}{end}`)
+	get("nodes", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}{range .status.conditions[?(@.status=="True")]} {.type}{end}`+
+		`; taints: {.spec.taints[*].key}{"\n"}{end}`)
+	// Every pod of this kubelet warns of its missing cluster DNS.
+	get("warnings", "events", "--field-selector=type=Warning,reason!=MissingClusterDNS", "--sort-by=.lastTimestamp", "-o",
+		`jsonpath={range .items[*]}{.involvedObject.kind}/{.involvedObject.name} {.reason}: {.message}{"\n"}{end}`)
+	return b.String()
 }
 
 // launcherPod is the name of the VM's running virt-launcher pod.
