@@ -99,12 +99,14 @@ kubevirt:
 # Stages in turn, then the end-to-end runs beside the other tests: the
 # e2e runs leave about half the CPU idle while their cluster works, and
 # the other tests share nothing with the cluster (their own libvirtd,
-# envtest, S3 and loop devices). Each stage's time is printed at the end
-# (hack/stages.sh; the side chain's output in _out/stages).
+# envtest, S3 and loop devices). The upgrade specs follow them on a
+# cluster of their own, beside the one-node run's. Each stage's time is
+# printed at the end (hack/stages.sh; the side chain's output in
+# _out/stages).
 test:
 	hack/stages.sh build lint e2e-images \
-		-- e2e-one-node e2e-upgrade e2e-two-nodes \
-		-- test-unit test-functional test-upstream
+		-- e2e-one-node e2e-two-nodes \
+		-- test-unit test-functional test-upstream e2e-upgrade
 
 # Formatting, vet, golangci-lint (.golangci.yml; built once into the cache,
 # seconds when its cache is warm), shellcheck and licence headers: cheap,
@@ -149,8 +151,14 @@ e2e-one-node:
 	hack/cluster.sh down
 	$(GO) test -count=1 -timeout 75m -v ./tests/e2e -ginkgo.label-filter='!upgrade && !two-nodes'
 
+# Its own cluster directory, host links, cgroups and addresses, so that it
+# runs beside the cluster of the other e2e runs.
+UPGRADE_CLUSTER := CLUSTER_DIR=$(CURDIR)/$(OUT)/cluster-upgrade CLUSTER_NAME=kvu \
+	CLUSTER_NODE_IP=10.98.0.1 CLUSTER_HOST_IP=10.98.0.254
+
 e2e-upgrade:
-	$(GO) test -count=1 -timeout 40m -v ./tests/e2e -ginkgo.label-filter=upgrade
+	$(UPGRADE_CLUSTER) hack/cluster.sh down
+	$(UPGRADE_CLUSTER) $(GO) test -count=1 -timeout 40m -v ./tests/e2e -ginkgo.label-filter=upgrade
 
 e2e-two-nodes:
 	$(GO) test -count=1 -timeout 40m -v ./tests/e2e -ginkgo.label-filter=two-nodes

@@ -32,6 +32,10 @@
 #   hack/cluster.sh exec [--node NAME] CMD...
 #                             run a command inside a node's namespaces (the first's by default)
 #
+# Clusters side by side (CI's e2e runs): each with its own CLUSTER_DIR,
+# CLUSTER_NAME (its links' and cgroups' prefix on the host) and addresses
+# (CLUSTER_NODE_IP, CLUSTER_HOST_IP).
+#
 # The node runs in namespaces of its own (PID, mount, network, UTS) with
 # hack/nodeinit as PID 1. Inside, /run is a tmpfs, /var/lib an overlay whose
 # upper directory is ours (but /var/lib/csi-loop, one directory of ours
@@ -51,9 +55,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 readonly CLUSTER_DIR=${CLUSTER_DIR:-${QCOW2_ROOT}/_out/cluster}
 readonly FIRST_NODE=kubevirt-qcow2-node
+# A link name is at most 15 characters: <name>-node<i>.
+readonly CLUSTER_NAME=${CLUSTER_NAME:-kvq}
+[[ ${CLUSTER_NAME} =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "CLUSTER_NAME=${CLUSTER_NAME}: 1 to 8 lower-case letters and digits"
 readonly FIRST_NODE_IP=${CLUSTER_NODE_IP:-10.99.0.1}
 readonly HOST_IP=${CLUSTER_HOST_IP:-10.99.0.254}
-readonly HOST_VETH=kvq-node0
+readonly HOST_VETH=${CLUSTER_NAME}-node0
 # The nodes' bridge in the first node: it is .1, worker i is .(i+1).
 readonly NODES_BRIDGE=kvq-nodes
 readonly NODES_NET=10.99.1
@@ -94,7 +101,7 @@ node_vars() {
 		NODE_DIR=${CLUSTER_DIR}/nodes/${NODE_NAME}
 		NODE_IP=${NODES_NET}.$((i + 1))
 	fi
-	CGROUP_NAME=${NODE_NAME}
+	CGROUP_NAME=${CLUSTER_NAME}-${NODE_NAME}
 	POD_CIDR=10.244.${i}.0/24
 	ETC=${NODE_DIR}/etc
 	LOGS=${NODE_DIR}/logs
@@ -547,7 +554,7 @@ down() {
 		stop_node
 		# The host end of the node's veth (HOST_VETH for the first), left
 		# on the host when an up failed before moving it.
-		ip link del "kvq-node${i}" 2>/dev/null || true
+		ip link del "${CLUSTER_NAME}-node${i}" 2>/dev/null || true
 	done
 	node_vars 0
 	remove_shared_loop_devices
@@ -623,10 +630,10 @@ add_worker() {
 	node_vars 0
 	first=$(node_pid)
 	node_vars "${i}"
-	start_node "kvq-node${i}"
-	ip link set "kvq-node${i}" netns "${first}" || fail_up "cannot move the link of ${NODE_NAME}"
+	start_node "${CLUSTER_NAME}-node${i}"
+	ip link set "${CLUSTER_NAME}-node${i}" netns "${first}" || fail_up "cannot move the link of ${NODE_NAME}"
 	nsenter --target "${first}" --net -- sh -ec "
-		ip link set kvq-node${i} master ${NODES_BRIDGE} up
+		ip link set ${CLUSTER_NAME}-node${i} master ${NODES_BRIDGE} up
 		ip route add ${POD_CIDR} via ${NODE_IP}" || fail_up "cannot join ${NODE_NAME} to the nodes' bridge"
 }
 
@@ -779,11 +786,13 @@ emulation_reason() {
 		until grep -q 'KQG DONE' "${dir}/serial" 2>/dev/null || ((SECONDS > deadline)) || ! kill -0 "${qemu}" 2>/dev/null; do
 			sleep 1
 		done
+		# Written whole: a cluster beside this one may read it.
 		if grep -q 'KQG DONE' "${dir}/serial" 2>/dev/null; then
-			echo ok >"${probe}"
+			echo ok >"${probe}.$$"
 		else
-			echo "/dev/kvm does not boot a stock Linux kernel on this host (probed with the Linux test guest)" >"${probe}"
+			echo "/dev/kvm does not boot a stock Linux kernel on this host (probed with the Linux test guest)" >"${probe}.$$"
 		fi
+		mv "${probe}.$$" "${probe}"
 		kill "${qemu}" 2>/dev/null || true
 		wait "${qemu}" 2>/dev/null || true
 		rm -rf "${dir}"

@@ -51,12 +51,21 @@ func TestE2E(t *testing.T) {
 
 var (
 	clusterScript = filepath.Join(testenv.RepoRoot(), "hack", "cluster.sh")
-	clusterDir    = filepath.Join(testenv.OutDir(), "cluster")
+	clusterDir    = clusterDirectory()
 	kubeconfig    = filepath.Join(clusterDir, "kubeconfig")
 	virtctlBin    = filepath.Join(testenv.KubeVirtOut(), "bin", "virtctl")
 	artifactsDir  = filepath.Join(testenv.OutDir(), "e2e-artifacts")
 	kubectlBin    string
 )
+
+// clusterDirectory is hack/cluster.sh's CLUSTER_DIR: a run beside another
+// names a cluster of its own.
+func clusterDirectory() string {
+	if dir := os.Getenv("CLUSTER_DIR"); dir != "" {
+		return dir
+	}
+	return filepath.Join(testenv.OutDir(), "cluster")
+}
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	if os.Geteuid() != 0 {
