@@ -82,8 +82,6 @@ type Config struct {
 	// PollInterval bounds how long the controllers wait for what they do not
 	// watch (the location's credentials, the store).
 	PollInterval time.Duration
-	// ProgressInterval is how often pods patch progress.
-	ProgressInterval time.Duration
 	// PodResources are the requests and limits of the pods' container.
 	PodResources corev1.ResourceRequirements
 	// PodNodeSelector and PodTolerations place the pods. A pod goes where
@@ -107,9 +105,6 @@ func (c *Config) defaults() {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 30 * time.Second
-	}
-	if c.ProgressInterval == 0 {
-		c.ProgressInterval = 5 * time.Second
 	}
 	if c.ImagePullPolicy == "" {
 		c.ImagePullPolicy = corev1.PullIfNotPresent
