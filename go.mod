@@ -62,6 +62,7 @@ require (
 	golang.org/x/sys v0.50.0
 	google.golang.org/grpc v1.73.0
 	google.golang.org/protobuf v1.36.12
+	gopkg.in/ini.v1 v1.67.3
 	k8s.io/api v0.33.5
 	k8s.io/apiextensions-apiserver v0.33.5
 	k8s.io/apimachinery v0.33.5
@@ -166,7 +167,6 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250603155806-513f23925822 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.12.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
-	gopkg.in/ini.v1 v1.67.3 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	k8s.io/kube-aggregator v0.33.3 // indirect

@@ -103,9 +103,10 @@ var _ = Describe("the qcow2-backup command", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(out).To(ContainSubstring("garbage collected: 0 checkpoints, 0 objects removed"))
 
-		_, stderr, err = cli(ctx, bin, "restore", "-vm", "db", "-target", target, "-s3-url", srv.URL, "-bucket", "backups", "-credentials", filepath.Join(work, "none"))
+		missing := filepath.Join(work, "none")
+		_, stderr, err = cli(ctx, bin, "restore", "-vm", "db", "-target", target, "-s3-url", srv.URL, "-bucket", "backups", "-credentials", missing)
 		Expect(err).To(HaveOccurred())
-		Expect(strings.TrimSpace(stderr)).To(HavePrefix("qcow2-backup: open credentials"))
+		Expect(strings.TrimSpace(stderr)).To(HavePrefix("qcow2-backup: credentials: open " + missing + ": no such file or directory"))
 	})
 
 	It("exits 0 on -h and refuses what it does not know, naming it", func(ctx SpecContext) {

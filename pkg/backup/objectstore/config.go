@@ -19,10 +19,8 @@ Copyright The kubevirt-qcow2 Authors.
 package objectstore
 
 import (
-	"bufio"
 	"crypto/x509"
 	"fmt"
-	"io"
 	"maps"
 	"net/url"
 	"os"
@@ -70,7 +68,8 @@ type Config struct {
 	Tags map[string]string
 	// CredentialsData is the content of a credentials file in AWS
 	// shared-credentials format, held in memory; it is used instead of
-	// CredentialsFile.
+	// CredentialsFile. Neither set means the environment's
+	// (credentialsFor).
 	CredentialsData []byte
 	// CredentialsFile is in AWS shared-credentials format.
 	CredentialsFile string
@@ -80,13 +79,6 @@ type Config struct {
 	// PartConcurrency is how many parts are in flight; memory is about
 	// PartSize times this. Zero takes DefaultPartConcurrency.
 	PartConcurrency int
-}
-
-// Credentials are static S3 keys.
-type Credentials struct {
-	AccessKeyID     string
-	SecretAccessKey string
-	SessionToken    string
 }
 
 // bslObject holds the fields of a velero.io/v1 BackupStorageLocation this
@@ -305,66 +297,4 @@ func parseBool(config map[string]string, key string) (bool, error) {
 		return false, fmt.Errorf("spec.config.%s: %q is not a boolean", key, v)
 	}
 	return b, nil
-}
-
-// ReadCredentials reads one profile from a file in AWS shared-credentials
-// format ("[profile]" sections of "key = value" lines).
-func ReadCredentials(path, profile string) (Credentials, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return Credentials{}, fmt.Errorf("open credentials %s: %w", path, err)
-	}
-	defer f.Close()
-	creds, err := ParseCredentials(f, profile)
-	if err != nil {
-		return Credentials{}, fmt.Errorf("credentials %s: %w", path, err)
-	}
-	return creds, nil
-}
-
-// ParseCredentials reads one profile of the AWS shared-credentials format.
-func ParseCredentials(r io.Reader, profile string) (Credentials, error) {
-	if profile == "" {
-		profile = "default"
-	}
-	var creds Credentials
-	section, found := "", false
-	sc := bufio.NewScanner(r)
-	for line := 1; sc.Scan(); line++ {
-		text := strings.TrimSpace(sc.Text())
-		if text == "" || strings.HasPrefix(text, "#") || strings.HasPrefix(text, ";") {
-			continue
-		}
-		if strings.HasPrefix(text, "[") && strings.HasSuffix(text, "]") {
-			section = strings.TrimSpace(strings.TrimPrefix(text[1:len(text)-1], "profile "))
-			found = found || section == profile
-			continue
-		}
-		key, value, ok := strings.Cut(text, "=")
-		if !ok {
-			return Credentials{}, fmt.Errorf("line %d: not a key = value line", line)
-		}
-		if section != profile {
-			continue
-		}
-		value = strings.TrimSpace(value)
-		switch strings.ToLower(strings.TrimSpace(key)) {
-		case "aws_access_key_id":
-			creds.AccessKeyID = value
-		case "aws_secret_access_key":
-			creds.SecretAccessKey = value
-		case "aws_session_token":
-			creds.SessionToken = value
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return Credentials{}, fmt.Errorf("read: %w", err)
-	}
-	if !found {
-		return Credentials{}, fmt.Errorf("profile %q not found", profile)
-	}
-	if creds.AccessKeyID == "" || creds.SecretAccessKey == "" {
-		return Credentials{}, fmt.Errorf("profile %q lacks aws_access_key_id or aws_secret_access_key", profile)
-	}
-	return creds, nil
 }

@@ -20,7 +20,6 @@ package objectstore_test
 
 import (
 	"encoding/base64"
-	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -148,28 +147,6 @@ var _ = Describe("backup storage location", func() {
 		_, err = objectstore.NewS3(cfg)
 		Expect(err).NotTo(HaveOccurred())
 	})
-
-	DescribeTable("reads a profile of an AWS credentials file",
-		func(file, profile string, want objectstore.Credentials, message string) {
-			got, err := objectstore.ParseCredentials(strings.NewReader(file), profile)
-			if message != "" {
-				Expect(err).To(MatchError(ContainSubstring(message)))
-				return
-			}
-			Expect(err).NotTo(HaveOccurred())
-			Expect(got).To(Equal(want))
-		},
-		Entry("the default profile", "[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n", "",
-			objectstore.Credentials{AccessKeyID: "AK", SecretAccessKey: "SK"}, ""),
-		Entry("a named profile among others, with a session token", "# velero\n[default]\naws_access_key_id=x\naws_secret_access_key=y\n\n[profile backup]\naws_access_key_id=AK\naws_secret_access_key=SK\naws_session_token=T\n", "backup",
-			objectstore.Credentials{AccessKeyID: "AK", SecretAccessKey: "SK", SessionToken: "T"}, ""),
-		Entry("a missing profile", "[default]\naws_access_key_id=x\naws_secret_access_key=y\n", "other",
-			objectstore.Credentials{}, `profile "other" not found`),
-		Entry("a profile without a secret", "[default]\naws_access_key_id=x\n", "",
-			objectstore.Credentials{}, "lacks aws_access_key_id or aws_secret_access_key"),
-		Entry("a malformed line", "[default]\njunk\n", "",
-			objectstore.Credentials{}, "line 2"),
-	)
 
 	DescribeTable("accepts only endpoints it can reach",
 		func(url, message string) {

@@ -34,7 +34,6 @@ import (
 	"strings"
 
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/minio/minio-go/v7/pkg/encrypt"
 )
 
@@ -74,22 +73,9 @@ func NewS3(cfg Config) (*S3, error) {
 	if err != nil {
 		return nil, err
 	}
-	var creds *credentials.Credentials
-	switch {
-	case len(cfg.CredentialsData) > 0:
-		c, err := ParseCredentials(bytes.NewReader(cfg.CredentialsData), cfg.Profile)
-		if err != nil {
-			return nil, fmt.Errorf("credentials: %w", err)
-		}
-		creds = credentials.NewStaticV4(c.AccessKeyID, c.SecretAccessKey, c.SessionToken)
-	case cfg.CredentialsFile != "":
-		c, err := ReadCredentials(cfg.CredentialsFile, cfg.Profile)
-		if err != nil {
-			return nil, err
-		}
-		creds = credentials.NewStaticV4(c.AccessKeyID, c.SecretAccessKey, c.SessionToken)
-	default:
-		creds = credentials.NewChainCredentials([]credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{Profile: cfg.Profile}})
+	creds, err := credentialsFor(cfg)
+	if err != nil {
+		return nil, err
 	}
 	region := cfg.Region
 	if region == "" {

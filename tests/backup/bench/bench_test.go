@@ -141,12 +141,8 @@ func plainClient(t *testing.T, s3URL, creds string) *minio.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := objectstore.ReadCredentials(creds, "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	client, err := minio.New(u.Host, &minio.Options{
-		Creds:  credentials.NewStaticV4(c.AccessKeyID, c.SecretAccessKey, ""),
+		Creds:  credentials.NewFileAWSCredentials(creds, "default"),
 		Secure: u.Scheme == "https",
 	})
 	if err != nil {
