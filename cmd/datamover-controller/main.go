@@ -69,6 +69,8 @@ func run() error {
 	flag.StringVar(&resources.MemoryLimit, "pod-memory-limit", "", "memory limit of the pods; empty for none")
 	flag.StringVar(&placement.nodeSelector, "pod-node-selector", "", "node selector of the pods: key=value[,key=value...]")
 	flag.StringVar(&placement.tolerations, "pod-tolerations", "", "tolerations of the pods: key[=value][:effect][,...]")
+	flag.StringVar(&cfg.WebIdentityAudience, "web-identity-audience", datamover.DefaultWebIdentityAudience,
+		"audience of the service account token the pods are given where a location's credentials name a web_identity_token_file (EKS: sts.amazonaws.com)")
 	flag.StringVar(&placement.groups, "pod-supplemental-groups", "", "supplemental groups of the pods' user (107): gid[,gid...], e.g. the nodes' block device group")
 	flag.StringVar(&metrics, "metrics-bind-address", ":8080", "metrics endpoint; 0 to disable")
 	flag.StringVar(&probes, "health-probe-bind-address", ":8081", "health probe endpoint; 0 to disable")

@@ -47,6 +47,9 @@ type location struct {
 	credentials []byte
 	// secret is where the credentials are, in the location's namespace.
 	secret secretKey
+	// tokenFile is where the credentials' profile reads a web identity
+	// token from, which the pods are given; empty for keys.
+	tokenFile string
 }
 
 // bslManifest renders what a pod needs of a location: provider, bucket,
@@ -120,7 +123,12 @@ func loadLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStor
 	if !ok {
 		return nil, fmt.Errorf("credentials of backup storage location %s: secret %s has no key %q", bsl.Name, name, key)
 	}
-	return &location{bsl: bsl, manifest: manifest, credentials: creds, secret: secretKey{name: name, key: key}}, nil
+	tokenFile, err := objectstore.WebIdentityTokenFile(creds, bsl.Spec.Config["profile"])
+	if err != nil {
+		return nil, fatal("backup storage location %s, secret %s key %q: %w", bsl.Name, name, key, err)
+	}
+	return &location{bsl: bsl, manifest: manifest, credentials: creds, secret: secretKey{name: name, key: key},
+		tokenFile: tokenFile}, nil
 }
 
 // config is the location's object store settings, credentials in memory.

@@ -119,6 +119,22 @@ var _ = Describe("a backup storage location", func() {
 		Expect(err).To(MatchError(ContainSubstring(`backup storage location velero/other: backupstoragelocations.velero.io "other" not found`)))
 	})
 
+	It("knows the token file of a web identity in its credentials' profile, and refuses a profile they lack", func() {
+		Expect(c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "velero", Name: "sts"},
+			Data: map[string][]byte{"credentials": []byte("[backup]\nrole_arn = arn:aws:iam::123456789012:role/velero\n" +
+				"web_identity_token_file = /var/run/secrets/openshift/serviceaccount/token\n")}})).To(Succeed())
+		bsl.Spec.Credential = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "sts"}, Key: "credentials"}
+		bsl.Spec.Config["profile"] = "backup"
+		loc, err := usableLocation(ctx, c, bsl, time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(loc.tokenFile).To(Equal("/var/run/secrets/openshift/serviceaccount/token"))
+
+		bsl.Spec.Config["profile"] = "other"
+		_, err = usableLocation(ctx, c, bsl, time.Second)
+		Expect(isFatal(err)).To(BeTrue())
+		Expect(err).To(MatchError(`backup storage location default, secret sts key "credentials": credentials: profile "other" not found`))
+	})
+
 	It("waits for credentials that are not there yet", func() {
 		bsl.Spec.Credential = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "later"}, Key: "cloud"}
 		_, err := usableLocation(ctx, c, bsl, time.Second)

@@ -286,7 +286,7 @@ func (r *DataDownloadReconciler) prepare(ctx context.Context, j *downloadJob) er
 	opts := mover.RestoreOptions{VM: j.vm, Backup: j.backup, Disk: j.disk, Target: restoreTarget(claim),
 		WorkDir: PodWorkDir, Credentials: credentialsFile(), BSL: loc.manifest,
 		Progress: mover.ObjectRef{Namespace: j.dd.Namespace, Name: j.dd.Name}}
-	pod := r.Config.restorePod(j.meta(), loc.secret, claim, opts.Args(), opts.Env())
+	pod := r.Config.restorePod(j.meta(), loc, claim, opts.Args(), opts.Env())
 	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 		return apiFailure(err, "create restore pod %s", j.key())
 	}

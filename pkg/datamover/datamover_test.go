@@ -172,8 +172,8 @@ var _ = Describe("pods", func() {
 		dev := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "t"}, Spec: corev1.PersistentVolumeClaimSpec{VolumeMode: &block}}
 		Expect(restoreTarget(fs)).To(Equal("/var/lib/datamover/target/disk.img"))
 		Expect(restoreTarget(dev)).To(Equal(PodTargetDevice))
-		Expect(cfg.restorePod(metav1.ObjectMeta{}, secretKey{}, dev, nil, nil).Spec.Containers[0].VolumeDevices).To(HaveLen(1))
-		Expect(cfg.restorePod(metav1.ObjectMeta{}, secretKey{}, fs, nil, nil).Spec.Containers[0].VolumeDevices).To(BeEmpty())
+		Expect(cfg.restorePod(metav1.ObjectMeta{}, &location{}, dev, nil, nil).Spec.Containers[0].VolumeDevices).To(HaveLen(1))
+		Expect(cfg.restorePod(metav1.ObjectMeta{}, &location{}, fs, nil, nil).Spec.Containers[0].VolumeDevices).To(BeEmpty())
 	})
 })
 

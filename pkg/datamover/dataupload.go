@@ -726,7 +726,7 @@ func (r *DataUploadReconciler) startUpload(ctx context.Context, j *uploadJob, u 
 	if err != nil {
 		return err
 	}
-	pod := r.Config.uploadPod(j.moverMeta(), loc.secret, j.name, opts.Args(), opts.Env())
+	pod := r.Config.uploadPod(j.moverMeta(), loc, j.name, opts.Args(), opts.Env())
 	if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
 		return apiFailure(err, "create upload pod %s", j.moverKey())
 	}

@@ -45,7 +45,13 @@ const (
 	volTarget      = "target"
 	volWork        = "work"
 	volCredentials = "credentials"
+	volWebIdentity = "web-identity-token"
 )
+
+// DefaultWebIdentityAudience is the audience of OpenShift's tokens for AWS
+// STS, as OADP projects them into Velero's pod (EKS's IRSA uses
+// sts.amazonaws.com).
+const DefaultWebIdentityAudience = "openshift"
 
 // PodUser and PodGroup run the pods: KubeVirt's qemu user and group (107),
 // which own what a non-root virt-launcher writes (the backup's files) and
@@ -89,6 +95,10 @@ type Config struct {
 	// leaves it Pending until the operation times out.
 	PodNodeSelector map[string]string
 	PodTolerations  []corev1.Toleration
+	// WebIdentityAudience is the audience of the service account token
+	// the pods are given where a location's credentials name a web
+	// identity token file: the one the location's STS trusts.
+	WebIdentityAudience string
 	// PodSupplementalGroups are extra groups of the pods' user, e.g. the
 	// group owning block devices on the nodes (disk, 6) where the
 	// container runtime keeps a device's owner (see
@@ -105,6 +115,9 @@ func (c *Config) defaults() {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 30 * time.Second
+	}
+	if c.WebIdentityAudience == "" {
+		c.WebIdentityAudience = DefaultWebIdentityAudience
 	}
 	if c.ImagePullPolicy == "" {
 		c.ImagePullPolicy = corev1.PullIfNotPresent
@@ -127,8 +140,19 @@ func credentialsVolume(creds secretKey) corev1.Volume {
 		DefaultMode: ptr.To[int32](0o400)}}}
 }
 
+// webIdentityVolume projects a token of the pod's service account, for
+// the audience the location's STS trusts, where the location's credentials
+// read it (tokenFile); kubelet renews it before it expires.
+func (c *Config) webIdentityVolume(tokenFile string) (corev1.Volume, corev1.VolumeMount) {
+	return corev1.Volume{Name: volWebIdentity, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
+				Audience: c.WebIdentityAudience, ExpirationSeconds: ptr.To[int64](3600), Path: path.Base(tokenFile)}}},
+			DefaultMode: ptr.To[int32](0o400)}}},
+		corev1.VolumeMount{Name: volWebIdentity, MountPath: path.Dir(tokenFile), ReadOnly: true}
+}
+
 // pod is the common part of upload and restore pods.
-func (c *Config) pod(meta metav1.ObjectMeta, creds secretKey, args []string, env map[string]string) *corev1.Pod {
+func (c *Config) pod(meta metav1.ObjectMeta, loc *location, args []string, env map[string]string) *corev1.Pod {
 	names := make([]string, 0, len(env))
 	for k := range env {
 		names = append(names, k)
@@ -173,15 +197,20 @@ func (c *Config) pod(meta metav1.ObjectMeta, creds secretKey, args []string, env
 					{Name: volCredentials, MountPath: PodCredentialsDir, ReadOnly: true},
 				},
 			}},
-			Volumes: []corev1.Volume{credentialsVolume(creds)},
+			Volumes: []corev1.Volume{credentialsVolume(loc.secret)},
 		},
+	}
+	if loc.tokenFile != "" {
+		volume, mount := c.webIdentityVolume(loc.tokenFile)
+		pod.Spec.Volumes = append(pod.Spec.Volumes, volume)
+		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, mount)
 	}
 	return pod
 }
 
 // uploadPod mounts the temporary volume read-only.
-func (c *Config) uploadPod(meta metav1.ObjectMeta, creds secretKey, claim string, args []string, env map[string]string) *corev1.Pod {
-	pod := c.pod(meta, creds, args, env)
+func (c *Config) uploadPod(meta metav1.ObjectMeta, loc *location, claim string, args []string, env map[string]string) *corev1.Pod {
+	pod := c.pod(meta, loc, args, env)
 	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: volBackup,
 		VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true}}})
 	ctr := &pod.Spec.Containers[0]
@@ -191,8 +220,8 @@ func (c *Config) uploadPod(meta metav1.ObjectMeta, creds secretKey, claim string
 
 // restorePod writes into claim target: a block device, or disk.img on a
 // file system; the layers are staged in an emptyDir.
-func (c *Config) restorePod(meta metav1.ObjectMeta, creds secretKey, target *corev1.PersistentVolumeClaim, args []string, env map[string]string) *corev1.Pod {
-	pod := c.pod(meta, creds, args, env)
+func (c *Config) restorePod(meta metav1.ObjectMeta, loc *location, target *corev1.PersistentVolumeClaim, args []string, env map[string]string) *corev1.Pod {
+	pod := c.pod(meta, loc, args, env)
 	pod.Spec.Volumes = append(pod.Spec.Volumes,
 		corev1.Volume{Name: volTarget, VolumeSource: corev1.VolumeSource{
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: target.Name}}},

@@ -32,13 +32,34 @@ var _ = Describe("the pods", func() {
 	meta := metav1.ObjectMeta{Namespace: "vms", Name: "kubevirt-backup-x"}
 	block := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "target"},
 		Spec: corev1.PersistentVolumeClaimSpec{VolumeMode: ptr.To(corev1.PersistentVolumeBlock)}}
-	pods := func(c *Config) map[string]*corev1.Pod {
+	keys := &location{secret: secretKey{name: "creds", key: "cloud"}}
+	podsFor := func(c *Config, loc *location) map[string]*corev1.Pod {
 		c.defaults()
 		return map[string]*corev1.Pod{
-			"upload":  c.uploadPod(meta, secretKey{name: "creds", key: "cloud"}, "claim", []string{"upload"}, nil),
-			"restore": c.restorePod(meta, secretKey{name: "creds", key: "cloud"}, block, []string{"restore"}, nil),
+			"upload":  c.uploadPod(meta, loc, "claim", []string{"upload"}, nil),
+			"restore": c.restorePod(meta, loc, block, []string{"restore"}, nil),
 		}
 	}
+	pods := func(c *Config) map[string]*corev1.Pod { return podsFor(c, keys) }
+
+	It("get a service account token where the location's web identity reads it, for the configured audience", func() {
+		webIdentity := &location{secret: keys.secret, tokenFile: "/var/run/secrets/openshift/serviceaccount/token"}
+		for _, c := range []struct {
+			config   *Config
+			audience string
+		}{{&Config{Image: "datamover"}, "openshift"}, {&Config{Image: "datamover", WebIdentityAudience: "sts.amazonaws.com"}, "sts.amazonaws.com"}} {
+			for kind, pod := range podsFor(c.config, webIdentity) {
+				Expect(pod.Spec.Volumes).To(ContainElement(corev1.Volume{Name: "web-identity-token", VolumeSource: corev1.VolumeSource{
+					Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
+						Audience: c.audience, ExpirationSeconds: ptr.To[int64](3600), Path: "token"}}}, DefaultMode: ptr.To[int32](0o400)}}}), kind)
+				Expect(pod.Spec.Containers[0].VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: "web-identity-token",
+					MountPath: "/var/run/secrets/openshift/serviceaccount", ReadOnly: true}), kind)
+			}
+		}
+		for kind, pod := range pods(&Config{Image: "datamover"}) {
+			Expect(pod.Spec.Volumes).NotTo(ContainElement(HaveField("Name", "web-identity-token")), kind)
+		}
+	})
 
 	It("run as KubeVirt's qemu user with the restricted Pod Security level's settings", func() {
 		for kind, pod := range pods(&Config{Image: "datamover"}) {

@@ -21,6 +21,8 @@ package deploy_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -32,12 +34,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/kubevirtbackup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/datamover"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
@@ -97,6 +102,30 @@ var _ = Describe("deploy/datamover", Ordered, func() {
 		}
 		Expect(containerPort).NotTo(BeZero(), "the container names its metrics port")
 		Expect(ctr.Args).To(ContainElement(fmt.Sprintf("-metrics-bind-address=:%d", containerPort)))
+	})
+
+	It("gives the controller a web identity token where OADP's STS profiles read it, through its component", func() {
+		overlay := GinkgoT().TempDir()
+		// kustomize takes bases and components by relative paths only.
+		deploy, err := filepath.Rel(overlay, filepath.Join(testenv.RepoRoot(), "deploy", "datamover"))
+		Expect(err).ToNot(HaveOccurred())
+		Expect(os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(fmt.Sprintf(
+			"resources: [%s]\ncomponents: [%s]\n", deploy, filepath.Join(deploy, "web-identity"))), 0o644)).To(Succeed())
+		var pod corev1.PodSpec
+		for _, o := range framework.Render(overlay) {
+			if o.GetKind() == "Deployment" {
+				d := &appsv1.Deployment{}
+				Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, d)).To(Succeed())
+				pod = d.Spec.Template.Spec
+			}
+		}
+		Expect(pod.Volumes).To(ContainElement(corev1.Volume{Name: "web-identity-token", VolumeSource: corev1.VolumeSource{
+			Projected: &corev1.ProjectedVolumeSource{DefaultMode: ptr.To[int32](0o400), Sources: []corev1.VolumeProjection{{
+				ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Audience: datamover.DefaultWebIdentityAudience,
+					ExpirationSeconds: ptr.To[int64](3600), Path: "token"}}}}}}))
+		Expect(pod.Containers[0].VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: "web-identity-token",
+			MountPath: "/var/run/secrets/openshift/serviceaccount", ReadOnly: true}))
+		Expect(pod.Containers[0].Args).To(ContainElement("-namespace=velero"), "the base is kept")
 	})
 
 	// What pkg/datamover calls: cached reads list and watch, direct reads

@@ -35,10 +35,14 @@ import (
 // FieldManager owns what the suites apply.
 const FieldManager = "kubevirt-qcow2"
 
-// Render builds a kustomization under deploy/ in-process, as
-// `kubectl apply -k` would (the kustomize kubectl 1.33 embeds).
+// Render builds a kustomization under deploy/ (or at an absolute path, a
+// user's overlay) in-process, as `kubectl apply -k` would (the kustomize
+// kubectl 1.33 embeds).
 func Render(kustomization string) []*unstructured.Unstructured {
-	dir := filepath.Join(testenv.RepoRoot(), "deploy", kustomization)
+	dir := kustomization
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(testenv.RepoRoot(), "deploy", kustomization)
+	}
 	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
 	gomega.Expect(err).ToNot(gomega.HaveOccurred(), "kustomize build %s", dir)
 	var objs []*unstructured.Unstructured

@@ -62,18 +62,10 @@ func credentialsFor(cfg Config) (*credentials.Credentials, error) {
 			&credentials.IAM{Region: cfg.Region, Endpoint: os.Getenv(EnvSTSEndpoint)},
 		}), nil
 	}
-	profiles, err := ini.Load(source)
+	key, err := profileKeys(source, profile)
 	if err != nil {
-		return nil, fmt.Errorf("credentials: %w", err)
+		return nil, err
 	}
-	section, err := profiles.GetSection(profile)
-	if err != nil {
-		// AWS config files name profiles "profile NAME".
-		if section, err = profiles.GetSection("profile " + profile); err != nil {
-			return nil, fmt.Errorf("credentials: profile %q not found", profile)
-		}
-	}
-	key := func(name string) string { return section.Key(name).String() }
 	if role, token := key("role_arn"), key("web_identity_token_file"); role != "" || token != "" {
 		if role == "" || token == "" {
 			return nil, fmt.Errorf("credentials: profile %q: a web identity needs both role_arn and web_identity_token_file", profile)
@@ -90,6 +82,36 @@ func credentialsFor(cfg Config) (*credentials.Credentials, error) {
 			"nor role_arn and web_identity_token_file", profile)
 	}
 	return credentials.NewStaticV4(key("aws_access_key_id"), key("aws_secret_access_key"), key("aws_session_token")), nil
+}
+
+// profileKeys reads the profile of a credentials file's content or path.
+func profileKeys(source any, profile string) (func(name string) string, error) {
+	profiles, err := ini.Load(source)
+	if err != nil {
+		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	section, err := profiles.GetSection(profile)
+	if err != nil {
+		// AWS config files name profiles "profile NAME".
+		if section, err = profiles.GetSection("profile " + profile); err != nil {
+			return nil, fmt.Errorf("credentials: profile %q not found", profile)
+		}
+	}
+	return func(name string) string { return section.Key(name).String() }, nil
+}
+
+// WebIdentityTokenFile is the token file the profile of credentials (a
+// credentials file's content) names for a web identity; empty when it
+// names none. Whoever runs a process for the location gives it that file.
+func WebIdentityTokenFile(credentials []byte, profile string) (string, error) {
+	if profile == "" {
+		profile = "default"
+	}
+	key, err := profileKeys(credentials, profile)
+	if err != nil {
+		return "", err
+	}
+	return key("web_identity_token_file"), nil
 }
 
 // webIdentity exchanges the token in tokenFile, read again at every
