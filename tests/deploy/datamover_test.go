@@ -30,6 +30,7 @@ import (
 	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
 	velerov2 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -65,7 +66,8 @@ var _ = Describe("deploy/datamover", Ordered, func() {
 		c, err = client.New(apiConfig, client.Options{Scheme: scheme})
 		Expect(err).ToNot(HaveOccurred())
 		for _, ns := range []string{veleroNamespace, vmNamespace} {
-			Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+			err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+			Expect(client.IgnoreAlreadyExists(err)).To(Succeed())
 		}
 		framework.ApplyServerSide(ctx, c, framework.Render("datamover"))
 	})
@@ -218,6 +220,66 @@ var _ = Describe("deploy/datamover", Ordered, func() {
 		Expect(err).To(MatchError(ContainSubstring("not found")))
 		err = mgr.GetAPIReader().Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: "none"}, &corev1.Secret{})
 		Expect(err).To(MatchError(ContainSubstring("forbidden")))
+	})
+})
+
+// The pods report progress on the requests in Velero's namespace, and do
+// nothing else; beside OADP, all of it is in its namespace.
+var _ = Describe("deploy/datamover's pods and its OADP overlay", Ordered, func() {
+	const podUser = "system:serviceaccount:velero:datamover-pod"
+	var (
+		ctx = context.Background()
+		c   client.Client
+	)
+	BeforeAll(func() {
+		scheme, err := datamover.NewScheme()
+		Expect(err).ToNot(HaveOccurred())
+		c, err = client.New(apiConfig, client.Options{Scheme: scheme})
+		Expect(err).ToNot(HaveOccurred())
+		for _, ns := range []string{veleroNamespace, "openshift-adp"} {
+			err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+			Expect(client.IgnoreAlreadyExists(err)).To(Succeed())
+		}
+		framework.ApplyServerSide(ctx, c, framework.Render("datamover"))
+	})
+
+	It("gives the pods an account that patches the requests, so they report progress", func() {
+		d := &appsv1.Deployment{}
+		Expect(c.Get(ctx, client.ObjectKey{Namespace: "kubevirt-datamover", Name: "datamover-controller"}, d)).To(Succeed())
+		Expect(d.Spec.Template.Spec.Containers[0].Args).To(ContainElement("-pod-service-account=datamover-pod"))
+		Expect(c.Get(ctx, client.ObjectKey{Namespace: veleroNamespace, Name: "datamover-pod"}, &corev1.ServiceAccount{})).To(Succeed())
+		for _, resource := range []string{"datauploads", "datadownloads"} {
+			Expect(framework.Allowed(ctx, c, podUser, veleroNamespace, "velero.io", resource, "patch")).To(BeTrue(), resource)
+			Expect(framework.Allowed(ctx, c, podUser, veleroNamespace, "velero.io", resource, "delete")).To(BeFalse(), resource)
+		}
+		for _, forbidden := range [][]string{{"", "secrets", "get"}, {"", "pods", "create"}, {"velero.io", "backupstoragelocations", "patch"}} {
+			Expect(framework.Allowed(ctx, c, podUser, veleroNamespace, forbidden[0], forbidden[1], forbidden[2])).To(BeFalse(), "%v", forbidden)
+		}
+	})
+
+	It("moves everything of Velero's namespace to openshift-adp beside OADP, and lets the pods run as 107 there", func() {
+		objs := framework.Render("datamover-oadp")
+		for _, o := range objs {
+			Expect(o.GetNamespace()).ToNot(Equal(veleroNamespace), "%s %s", o.GetKind(), o.GetName())
+		}
+		framework.ApplyServerSide(ctx, c, objs)
+		d := &appsv1.Deployment{}
+		Expect(c.Get(ctx, client.ObjectKey{Namespace: "kubevirt-datamover", Name: "datamover-controller"}, d)).To(Succeed())
+		Expect(d.Spec.Template.Spec.Containers[0].Args).To(ContainElements("-namespace=openshift-adp", "-pod-service-account=datamover-pod"))
+		Expect(d.Spec.Template.Spec.SecurityContext.RunAsUser).To(BeNil(), "restricted-v2 assigns the controller's UID")
+		for _, resource := range []string{"datauploads", "backupstoragelocations", "secrets", "pods"} {
+			group := "velero.io"
+			if resource == "secrets" || resource == "pods" {
+				group = ""
+			}
+			Expect(framework.Allowed(ctx, c, controllerUser, "openshift-adp", group, resource, "get")).To(BeTrue(), resource)
+		}
+		const oadpPod = "system:serviceaccount:openshift-adp:datamover-pod"
+		Expect(framework.Allowed(ctx, c, oadpPod, "openshift-adp", "velero.io", "datauploads", "patch")).To(BeTrue())
+		Expect(framework.AllowedOn(ctx, c, oadpPod, authorizationv1.ResourceAttributes{Namespace: "openshift-adp",
+			Group: "security.openshift.io", Resource: "securitycontextconstraints", Name: "nonroot-v2", Verb: "use"})).To(BeTrue())
+		Expect(framework.AllowedOn(ctx, c, oadpPod, authorizationv1.ResourceAttributes{Namespace: "openshift-adp",
+			Group: "security.openshift.io", Resource: "securitycontextconstraints", Name: "privileged", Verb: "use"})).To(BeFalse())
 	})
 })
 

@@ -70,12 +70,15 @@ func ApplyServerSide(ctx context.Context, c client.Client, objs []*unstructured.
 // Allowed asks the API server whether user may verb the resource in
 // namespace ("" for all namespaces).
 func Allowed(ctx context.Context, c client.Client, user, namespace, group, resource, verb string) bool {
+	return AllowedOn(ctx, c, user, authorizationv1.ResourceAttributes{Namespace: namespace, Group: group, Resource: resource, Verb: verb})
+}
+
+// AllowedOn asks the API server whether user may do what attributes say
+// (a named object's, too).
+func AllowedOn(ctx context.Context, c client.Client, user string, attributes authorizationv1.ResourceAttributes) bool {
 	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: user,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: namespace, Group: group, Resource: resource, Verb: verb,
-		},
+		User: user, ResourceAttributes: &attributes,
 	}}
-	gomega.Expect(c.Create(ctx, review)).To(gomega.Succeed(), "review %s %s", verb, resource)
+	gomega.Expect(c.Create(ctx, review)).To(gomega.Succeed(), "review %s %s", attributes.Verb, attributes.Resource)
 	return review.Status.Allowed
 }
