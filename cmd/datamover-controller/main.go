@@ -62,6 +62,8 @@ func run() error {
 	flag.StringVar(&cfg.PodServiceAccount, "pod-service-account", "", "service account of the pods in Velero's namespace, where they run (enables progress reports)")
 	flag.DurationVar(&cfg.DefaultTimeout, "default-timeout", 4*time.Hour, "timeout when spec.operationTimeout is zero")
 	flag.IntVar(&cfg.MaxChainLength, "max-chain-length", 0, "most layers of a chain, the full base included; 0 for no cap")
+	flag.IntVar(&cfg.MaxVMBackups, "concurrent-vm-backups", 0, "most VirtualMachineBackups of DataUploads running at once, cluster-wide; 0 for no limit")
+	flag.IntVar(&cfg.MaxUploads, "concurrent-vm-datauploads", 0, "most upload pods running at once; 0 for no limit")
 	flag.StringVar(&cfg.StorageClass, "storage-class", "", "storage class of the temporary volumes; empty for the default")
 	flag.StringVar(&resources.CPURequest, "pod-cpu-request", "", "CPU request of the upload and restore pods (e.g. 500m); empty for none")
 	flag.StringVar(&resources.MemoryRequest, "pod-memory-request", "", "memory request of the pods (e.g. 256Mi); empty for none")

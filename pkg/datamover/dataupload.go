@@ -195,6 +195,8 @@ func (r *DataUploadReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Ma
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataUpload))).
 		Watches(kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK), handler.EnqueueRequestsFromMapFunc(ownerRequests(KindDataUpload))).
 		Watches(&kubevirtv1.VirtualMachineInstance{}, handler.EnqueueRequestsFromMapFunc(r.uploadsOfInstance)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.slotWaiters)).
+		Watches(kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK), handler.EnqueueRequestsFromMapFunc(r.slotWaiters)).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("set up the DataUpload controller: %w", err)
@@ -370,6 +372,11 @@ func (r *DataUploadReconciler) prepare(ctx context.Context, j *uploadJob) error 
 	}
 	u := kubevirtbackup.NewUnstructured(kubevirtbackup.VMBackupGVK)
 	if err := getLatest(ctx, r.Client, r.Reader, j.key(), u); apierrors.IsNotFound(err) {
+		if wait, err := r.backupSlot(ctx, j); err != nil {
+			return err
+		} else if wait != "" {
+			return waitFor("WaitingForBackupSlot", r.Config.PollInterval, "%s", wait)
+		}
 		return r.startBackup(ctx, j, bsl)
 	} else if err != nil {
 		return fmt.Errorf("get VirtualMachineBackup %s: %w", j.key(), err)
@@ -675,6 +682,11 @@ func (r *DataUploadReconciler) upload(ctx context.Context, j *uploadJob) error {
 	if err := getLatest(ctx, r.Client, r.Reader, j.moverKey(), pod); apierrors.IsNotFound(err) {
 		if j.du.Status.Phase == velerov2.DataUploadPhaseInProgress {
 			return fatal("upload pod %s disappeared", j.moverKey())
+		}
+		if wait, err := r.uploadSlot(ctx, j); err != nil {
+			return err
+		} else if wait != "" {
+			return waitFor("WaitingForUploadSlot", r.Config.PollInterval, "%s", wait)
 		}
 		return r.startUpload(ctx, j, u)
 	} else if err != nil {

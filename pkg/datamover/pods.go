@@ -85,6 +85,11 @@ type Config struct {
 	MaxChainLength int
 	// StorageClass of the temporary volume; empty means the cluster default.
 	StorageClass string
+	// MaxVMBackups is how many VirtualMachineBackups of DataUploads run at
+	// once, cluster-wide; MaxUploads how many upload pods. Zero is no
+	// limit. DataUploads beyond them wait, oldest first, saying so.
+	MaxVMBackups int
+	MaxUploads   int
 	// PollInterval bounds how long the controllers wait for what they do not
 	// watch (the location's credentials, the store).
 	PollInterval time.Duration
