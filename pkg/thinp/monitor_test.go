@@ -258,8 +258,16 @@ var _ = Describe("Monitor", func() {
 		Expect(dom.extensions()).To(Equal([]int64{2 * chunk}))
 	})
 
+	It("extends past an allocation a write that failed with ENOSPC left beyond the end of the device", func() {
+		// QEMU's wr_highest_offset counts a failed write's end too.
+		dom.set(func(f *fakeDomain) { f.usage.Allocation = chunk + 18944 })
+		m := start()
+		Eventually(m.State).WithArguments("vda").Should(Equal(thinp.StateArmed))
+		Expect(dom.extensions()).To(Equal([]int64{2*chunk + mib}), "a chunk past the allocation, in MiB")
+	})
+
 	It("refuses to act on an improbable allocation", func() {
-		dom.set(func(f *fakeDomain) { f.usage.Allocation = 2 * chunk })
+		dom.set(func(f *fakeDomain) { f.usage.Allocation = maximum + chunk })
 		m := start()
 		Consistently(dom.extensions, "100ms").Should(BeEmpty())
 		Expect(m.State("vda")).To(Equal(thinp.StateUnarmed))
