@@ -23,12 +23,19 @@ package backup_test
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 
 	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
+	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -50,4 +57,25 @@ func startS3(ctx context.Context) *s3server.Server {
 	framework.Require(err, "the S3 server (versitygw)")
 	DeferCleanup(srv.Stop)
 	return srv
+}
+
+// roundTrip backs up a VM of one 32 MiB disk, 8 MiB of it written, to the
+// location of cfg and restores it, checking the restored disk's content;
+// it returns the VM.
+func roundTrip(ctx context.Context, cfg objectstore.Config, work string) catalog.VM {
+	repo, err := backup.Open(cfg)
+	Expect(err).NotTo(HaveOccurred())
+	hv, err := backuptest.New(ctx, GinkgoT().TempDir(), 32*mib)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(hv.Write(ctx, 0, 8*mib, 0x5a)).To(Succeed())
+	vm := catalog.VM{Namespace: "prod", Name: "db"}
+	_, err = repo.BackupVM(ctx, vm, hv, backup.BackupOptions{Backup: "mon", WorkDir: work})
+	Expect(err).NotTo(HaveOccurred())
+	expected := filepath.Join(work, "expected.raw")
+	Expect(hv.Snapshot(ctx, expected)).To(Succeed())
+	target := filepath.Join(work, "restored.raw")
+	_, err = repo.Restore(ctx, backup.RestoreOptions{Backup: "mon", VM: vm, Disk: "vda", Target: target, WorkDir: work})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(qcow2.Tool{}.Compare(ctx, target, qcow2.FormatRaw, expected, "")).To(BeTrue())
+	return vm
 }

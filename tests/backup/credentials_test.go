@@ -26,11 +26,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/sts"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 )
 
 // The test S3 server has no STS: a stand-in on loopback exchanges the web
@@ -53,20 +49,7 @@ var _ = Describe("a location whose credentials are a web identity", func() {
 		store, err := objectstore.NewS3(cfg)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(store.CreateBucket(ctx)).To(Succeed())
-		repo, err := backup.Open(cfg)
-		Expect(err).NotTo(HaveOccurred())
-		hv, err := backuptest.New(ctx, work, 32*mib)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(hv.Write(ctx, 0, 8*mib, 0x5a)).To(Succeed())
-		vm := catalog.VM{Namespace: "prod", Name: "db"}
-		_, err = repo.BackupVM(ctx, vm, hv, backup.BackupOptions{Backup: "mon", WorkDir: work})
-		Expect(err).NotTo(HaveOccurred())
-		expected := filepath.Join(work, "expected.raw")
-		Expect(hv.Snapshot(ctx, expected)).To(Succeed())
-		target := filepath.Join(work, "restored.raw")
-		_, err = repo.Restore(ctx, backup.RestoreOptions{Backup: "mon", VM: vm, Disk: "vda", Target: target, WorkDir: work})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(qcow2.Tool{}.Compare(ctx, target, qcow2.FormatRaw, expected, "")).To(BeTrue())
+		roundTrip(ctx, cfg, work)
 		Expect(exchange.Requests()).NotTo(BeEmpty())
 		for _, r := range exchange.Requests() {
 			Expect(r.RoleARN).To(Equal("arn:aws:iam::123456789012:role/velero"))

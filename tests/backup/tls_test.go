@@ -20,17 +20,13 @@ package backup_test
 
 import (
 	"os"
-	"path/filepath"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/internal/testenv/s3server"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/backuptest"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/catalog"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/backup/objectstore"
-	"github.com/kubevirt-qcow2/kubevirt-qcow2/pkg/qcow2"
 	"github.com/kubevirt-qcow2/kubevirt-qcow2/tests/framework"
 )
 
@@ -57,20 +53,7 @@ var _ = Describe("an HTTPS object store signed by a private authority", func() {
 		Expect(store.Check(ctx)).To(Succeed())
 
 		By("a backup and its restore over HTTPS")
-		repo, err := backup.Open(cfg)
-		Expect(err).NotTo(HaveOccurred())
-		hv, err := backuptest.New(ctx, GinkgoT().TempDir(), 32*mib)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(hv.Write(ctx, 0, 8*mib, 0x5a)).To(Succeed())
-		vm := catalog.VM{Namespace: "prod", Name: "db"}
-		_, err = repo.BackupVM(ctx, vm, hv, backup.BackupOptions{Backup: "mon", WorkDir: work})
-		Expect(err).NotTo(HaveOccurred())
-		expected := filepath.Join(work, "expected.raw")
-		Expect(hv.Snapshot(ctx, expected)).To(Succeed())
-		target := filepath.Join(work, "restored.raw")
-		_, err = repo.Restore(ctx, backup.RestoreOptions{Backup: "mon", VM: vm, Disk: "vda", Target: target, WorkDir: work})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(qcow2.Tool{}.Compare(ctx, target, qcow2.FormatRaw, expected, "")).To(BeTrue())
+		vm := roundTrip(ctx, cfg, work)
 
 		By("the same location without caCert")
 		cfg.CACert = nil
@@ -79,7 +62,7 @@ var _ = Describe("an HTTPS object store signed by a private authority", func() {
 		err = untrusted.Check(ctx)
 		Expect(err).To(MatchError(ContainSubstring("x509: certificate signed by unknown authority")))
 		Expect(err).To(MatchError(ContainSubstring("spec.objectStorage.caCert")))
-		repo, err = backup.Open(cfg)
+		repo, err := backup.Open(cfg)
 		Expect(err).NotTo(HaveOccurred())
 		_, err = repo.Index(ctx, vm)
 		Expect(err).To(MatchError(ContainSubstring("x509: certificate signed by unknown authority")))
