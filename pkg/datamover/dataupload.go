@@ -453,19 +453,13 @@ func (r *DataUploadReconciler) aheadInLine(ctx context.Context, j *uploadJob) (s
 	if err := r.Client.List(ctx, list, client.InNamespace(j.du.Namespace), client.MatchingFields{indexVM: j.vm.String()}); err != nil {
 		return "", fmt.Errorf("list DataUploads of %s: %w", j.vm, err)
 	}
-	older := func(a, b *velerov2.DataUpload) bool {
-		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
-			return a.CreationTimestamp.Before(&b.CreationTimestamp)
-		}
-		return a.Name < b.Name
-	}
 	var first *velerov2.DataUpload
 	for i := range list.Items {
 		o := &list.Items[i]
-		if o.Name == j.du.Name || uploadDone(o.Status.Phase) || !older(o, j.du) {
+		if o.Name == j.du.Name || uploadDone(o.Status.Phase) || !olderUpload(o, j.du) {
 			continue
 		}
-		if first == nil || older(o, first) {
+		if first == nil || olderUpload(o, first) {
 			first = o
 		}
 	}
