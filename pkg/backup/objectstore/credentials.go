@@ -45,10 +45,6 @@ const EnvSTSEndpoint = "AWS_ENDPOINT_URL_STS"
 // credentials file, then a web identity (AWS_ROLE_ARN,
 // AWS_WEB_IDENTITY_TOKEN_FILE), ECS or EC2 instance metadata.
 func credentialsFor(cfg Config) (*credentials.Credentials, error) {
-	profile := cfg.Profile
-	if profile == "" {
-		profile = "default"
-	}
 	var source any
 	switch {
 	case len(cfg.CredentialsData) > 0:
@@ -62,7 +58,7 @@ func credentialsFor(cfg Config) (*credentials.Credentials, error) {
 			&credentials.IAM{Region: cfg.Region, Endpoint: os.Getenv(EnvSTSEndpoint)},
 		}), nil
 	}
-	key, err := profileKeys(source, profile)
+	profile, key, err := profileKeys(source, cfg.Profile)
 	if err != nil {
 		return nil, err
 	}
@@ -84,30 +80,31 @@ func credentialsFor(cfg Config) (*credentials.Credentials, error) {
 	return credentials.NewStaticV4(key("aws_access_key_id"), key("aws_secret_access_key"), key("aws_session_token")), nil
 }
 
-// profileKeys reads the profile of a credentials file's content or path.
-func profileKeys(source any, profile string) (func(name string) string, error) {
+// profileKeys reads the profile of a credentials file's content or path
+// ("default" when profile is empty), returning its name and its keys.
+func profileKeys(source any, profile string) (string, func(name string) string, error) {
+	if profile == "" {
+		profile = "default"
+	}
 	profiles, err := ini.Load(source)
 	if err != nil {
-		return nil, fmt.Errorf("credentials: %w", err)
+		return profile, nil, fmt.Errorf("credentials: %w", err)
 	}
 	section, err := profiles.GetSection(profile)
 	if err != nil {
 		// AWS config files name profiles "profile NAME".
 		if section, err = profiles.GetSection("profile " + profile); err != nil {
-			return nil, fmt.Errorf("credentials: profile %q not found", profile)
+			return profile, nil, fmt.Errorf("credentials: profile %q not found", profile)
 		}
 	}
-	return func(name string) string { return section.Key(name).String() }, nil
+	return profile, func(name string) string { return section.Key(name).String() }, nil
 }
 
 // WebIdentityTokenFile is the token file the profile of credentials (a
 // credentials file's content) names for a web identity; empty when it
 // names none. Whoever runs a process for the location gives it that file.
 func WebIdentityTokenFile(credentials []byte, profile string) (string, error) {
-	if profile == "" {
-		profile = "default"
-	}
-	key, err := profileKeys(credentials, profile)
+	_, key, err := profileKeys(credentials, profile)
 	if err != nil {
 		return "", err
 	}
