@@ -22,6 +22,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path"
+	"strings"
 	"time"
 
 	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
@@ -124,11 +126,34 @@ func loadLocation(ctx context.Context, r client.Reader, bsl *velerov1.BackupStor
 		return nil, fmt.Errorf("credentials of backup storage location %s: secret %s has no key %q", bsl.Name, name, key)
 	}
 	tokenFile, err := objectstore.WebIdentityTokenFile(creds, bsl.Spec.Config["profile"])
+	if err == nil {
+		err = checkTokenFile(tokenFile)
+	}
 	if err != nil {
 		return nil, fatal("backup storage location %s, secret %s key %q: %w", bsl.Name, name, key, err)
 	}
 	return &location{bsl: bsl, manifest: manifest, credentials: creds, secret: secretKey{name: name, key: key},
 		tokenFile: tokenFile}, nil
+}
+
+// checkTokenFile refuses a web identity token path the pods cannot be
+// given: the token's directory is mounted over whatever the image has
+// there, so it must be a directory of its own, apart from the pods'
+// other volumes.
+func checkTokenFile(file string) error {
+	if file == "" {
+		return nil
+	}
+	dir := path.Dir(file)
+	if !path.IsAbs(file) || path.Clean(file) != file || dir == "/" {
+		return fmt.Errorf("web_identity_token_file %q is not a file in a directory of its own (an absolute, clean path below /)", file)
+	}
+	for _, taken := range []string{"/var/lib/datamover", "/var/run/datamover", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/tmp"} {
+		if dir == taken || strings.HasPrefix(dir+"/", taken+"/") || strings.HasPrefix(taken+"/", dir+"/") {
+			return fmt.Errorf("web_identity_token_file %q: its directory would be mounted over %s in the datamover's pods", file, taken)
+		}
+	}
+	return nil
 }
 
 // config is the location's object store settings, credentials in memory.

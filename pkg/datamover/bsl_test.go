@@ -135,6 +135,23 @@ var _ = Describe("a backup storage location", func() {
 		Expect(err).To(MatchError(`backup storage location default, secret sts key "credentials": credentials: profile "other" not found`))
 	})
 
+	DescribeTable("refuses a web identity token file its pods could not be given",
+		func(file, message string) {
+			Expect(c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "velero", Name: "sts"},
+				Data: map[string][]byte{"cloud": []byte("[default]\nrole_arn = arn:aws:iam::123456789012:role/velero\n" +
+					"web_identity_token_file = " + file + "\n")}})).To(Succeed())
+			bsl.Spec.Credential = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "sts"}, Key: "cloud"}
+			_, err := usableLocation(ctx, c, bsl, time.Second)
+			Expect(isFatal(err)).To(BeTrue())
+			Expect(err).To(MatchError(ContainSubstring(message)))
+		},
+		Entry("a relative path", "token", `web_identity_token_file "token" is not a file in a directory of its own`),
+		Entry("a file in /", "/token", `web_identity_token_file "/token" is not a file in a directory of its own`),
+		Entry("over the pods' credentials", "/var/run/datamover/credentials/token", "would be mounted over /var/run/datamover"),
+		Entry("over a system directory", "/etc/token", "would be mounted over /etc"),
+		Entry("above the pods' volumes", "/var/lib/token", "would be mounted over /var/lib/datamover"),
+	)
+
 	It("waits for credentials that are not there yet", func() {
 		bsl.Spec.Credential = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "later"}, Key: "cloud"}
 		_, err := usableLocation(ctx, c, bsl, time.Second)
